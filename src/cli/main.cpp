@@ -1,0 +1,60 @@
+// `deepinfer <command> [options]`: dispatches to one cmd_* function per subcommand.
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(const di::cli::Argv&);
+  const char* summary;
+};
+
+const Command kCommands[] = {
+    {"generate", di::cli::cmd_generate, "generate text from a prompt (CPU reference backend)"},
+    {"score", di::cli::cmd_score, "write logits for a prompt and forced continuation (golden layout)"},
+    {"inspect", di::cli::cmd_inspect, "validate a checkpoint; print config, layer schedule, tensor bytes"},
+    {"tokenize", di::cli::cmd_tokenize, "JSONL {\"text\"} on stdin -> {\"ids\"} on stdout"},
+    {"encode-chat", di::cli::cmd_encode_chat, "render a chat-completions request as V4.1 prompt text and ids"},
+    {"parse-completion", di::cli::cmd_parse_completion, "split completion text into reasoning, content, tool calls"},
+    {"write-checkpoint", di::cli::cmd_write_checkpoint, "write a random checkpoint in the released format"},
+};
+
+void usage(FILE* out) {
+  std::fprintf(out, "usage: deepinfer <command> [options]\n\ncommands:\n");
+  for (const Command& c : kCommands) std::fprintf(out, "  %-18s %s\n", c.name, c.summary);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  std::string name = argv[1];
+  if (name == "-h" || name == "--help" || name == "help") {
+    usage(stdout);
+    return 0;
+  }
+  di::cli::Argv args(argv + 2, argv + argc);
+  for (const Command& c : kCommands) {
+    if (name != c.name) continue;
+    try {
+      return c.run(args);
+    } catch (const di::Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "error: unknown command '%s'\n", name.c_str());
+  usage(stderr);
+  return 2;
+}

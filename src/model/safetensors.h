@@ -1,0 +1,61 @@
+// Safetensors checkpoints, single file or sharded (model.safetensors.index.json), memory-mapped.
+// Parsing never trusts the file: header length, JSON, dtypes, shapes, offsets (in range, no
+// overlap, sizes matching shape x dtype) are all checked; errors name the file and the tensor.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace di {
+
+enum class DType { kF8E4M3, kF8E8M0, kI8, kU8, kBF16, kF16, kF32, kI32, kI64 };
+
+const char* dtype_name(DType t);      // safetensors spelling: "F8_E4M3", "BF16", ...
+size_t dtype_size(DType t);           // bytes per element
+
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;      // points into the mmapped file
+  uint64_t nbytes = 0;
+  std::string file;                   // shard file name, for errors
+
+  int64_t numel() const;
+  int64_t dim(int i) const { return shape.at(static_cast<size_t>(i)); }
+};
+
+// Parses one safetensors header (the bytes after the 8-byte length prefix) against a data
+// section of `data_size` bytes. Throws di::Error naming `file_name`. Exposed for the fuzz target.
+std::vector<TensorView> parse_safetensors_header(std::string_view header_json, uint64_t data_size,
+                                                 const std::string& file_name);
+
+class Checkpoint {
+ public:
+  // Opens DIR/model.safetensors.index.json if present, else DIR/model.safetensors, else every
+  // *.safetensors file in DIR. Throws di::Error.
+  static std::unique_ptr<Checkpoint> open(const std::filesystem::path& model_dir);
+  // Opens one safetensors file.
+  static std::unique_ptr<Checkpoint> open_file(const std::filesystem::path& file);
+
+  ~Checkpoint();
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+
+  const TensorView* find(std::string_view name) const;   // nullptr when absent
+  const TensorView& get(std::string_view name) const;    // throws di::Error when absent
+  const std::map<std::string, TensorView, std::less<>>& tensors() const { return tensors_; }
+
+ private:
+  Checkpoint() = default;
+  struct Mapping;
+  std::vector<std::unique_ptr<Mapping>> mappings_;
+  std::map<std::string, TensorView, std::less<>> tensors_;
+};
+
+}  // namespace di
