@@ -1,0 +1,125 @@
+// The op contract between the V4.1 forward (src/model) and a backend. The forward's control flow is
+// written once against these ops; the CPU backend is the reference implementation, the CUDA backend
+// implements the same ops and is tested against it op by op.
+//
+// Conventions: activations are [rows, cols] F32 tensors; "bf16 out" means every output value is
+// rounded to the nearest bf16 (the reference keeps bf16 there). Index tensors are I32, -1 = none.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/tensor.h"
+
+namespace di {
+
+struct RopeTable {
+  std::vector<float> freqs;  // [rope_dim / 2] fp32 angular frequencies (YaRN already blended)
+};
+
+struct ExpertWeights {
+  Weight w1, w2, w3;  // gate [inter, D], down [D, inter], up [inter, D]
+};
+
+struct MoeRoute {
+  Tensor weights;  // [S, k] f32 routing weights (renormalised x route scale)
+  Tensor experts;  // [S, k] i32 expert ids
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // --- memory -----------------------------------------------------------------------------------
+  virtual Tensor alloc(TType type, const std::vector<int64_t>& shape) = 0;  // contents undefined
+  virtual Tensor zeros(TType type, const std::vector<int64_t>& shape) = 0;
+  virtual Tensor from_host_f32(const std::vector<float>& v, const std::vector<int64_t>& shape) = 0;
+  virtual Tensor from_host_i32(const std::vector<int32_t>& v, const std::vector<int64_t>& shape) = 0;
+  virtual std::vector<float> to_host_f32(const Tensor& t) = 0;
+  virtual std::vector<int32_t> to_host_i32(const Tensor& t) = 0;
+  // dst[d0 + i] = src[s0 + i] for i < n (whole rows; row sizes must match)
+  virtual void copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t s0, int64_t n) = 0;
+  // [S, a] ++ [S, b] -> [S, a + b]
+  virtual Tensor concat_cols(const Tensor& a, const Tensor& b) = 0;
+  // Prepares a checkpoint weight for this backend (uploads it, for a device backend).
+  virtual void prepare(Weight& w) = 0;
+
+  // --- dense math -------------------------------------------------------------------------------
+  // Rows of a BF16 table: [S] ids -> [S, D] (exact).
+  virtual Tensor embed(const Tensor& ids, const Weight& table) = 0;
+  // y = x W^T. kFp8Block / kFp4Expert: x quantized to FP8 per 32 (UE8M0) first, block-scaled fp32
+  // accumulation, bf16 out. kBf16: bf16 out. kF32: fp32 out.
+  virtual Tensor linear(const Tensor& x, const Weight& w) = 0;
+  // Block-diagonal projection: x [S, G*K] with W [G*R, K] -> [S, G*R]; W dequantized (exact in bf16),
+  // bf16 GEMM, bf16 out (the reference's wo_a einsum).
+  virtual Tensor grouped_linear(const Tensor& x, const Weight& w, int groups) = 0;
+  // RMSNorm over each row, bf16 out. weight: BF16 [cols].
+  virtual Tensor rmsnorm(const Tensor& x, const Weight& weight, float eps) = 0;
+  // Interleaved-pair RoPE on the trailing rope_dim of every head of x [S, heads*head_dim], in place,
+  // bf16 out. positions: [S]. inverse: conjugate rotation.
+  virtual void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
+                    const RopeTable& table, bool inverse) = 0;
+  // Rounds every value to bf16 in place.
+  virtual void round_bf16(Tensor& x) = 0;
+
+  // --- quantize-dequantize (spec §2.8), in place, per row ------------------------------------------
+  virtual void qdq(Tensor& x, RowFormat format) = 0;
+  // Packs rows of x (already quantize-dequantized) into cache rows at `slots`; reads them back.
+  virtual void pack_rows(const Tensor& x, RowFormat format, Tensor& cache, const std::vector<int64_t>& slots) = 0;
+  virtual Tensor unpack_rows(const Tensor& cache, RowFormat format, int64_t dim, const std::vector<int64_t>& slots) = 0;
+
+  // --- hyper-connections (mHC) ------------------------------------------------------------------
+  // X [S, hc, D] -> mixes [S, (2+hc)*hc] f32: pre (hc), post (hc), Sinkhorn comb (hc x hc, row = input).
+  virtual Tensor hc_mixes(const Tensor& x, int hc, const Weight& fn, const Weight& scale, const Weight& base,
+                          float norm_eps, int sinkhorn_iters, float hc_eps) = 0;
+  // sum_k pre[k] X[:, k] -> [S, D] bf16. `pre` holds hc values per row at column offset 0 of `mix`.
+  virtual Tensor hc_pre(const Tensor& x, const Tensor& mix, int hc) = 0;
+  // out[:, k] = post[k] y + sum_j comb[j, k] R[:, j] -> [S, hc, D] bf16.
+  virtual Tensor hc_post(const Tensor& y, const Tensor& residual, const Tensor& mix, int hc) = 0;
+  // mean over the hc streams -> [S, D] bf16 (DSpark feature tap).
+  virtual Tensor stream_mean(const Tensor& x, int hc) = 0;
+
+  // --- attention --------------------------------------------------------------------------------
+  // Single latent head (K = V). q [S, H*Dh], kv [N, Dh], idx [S, L] (-1 = skip), sink [H] f32.
+  // Online softmax over blocks of 64 indices with bf16 probabilities (as the reference kernel).
+  virtual Tensor sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx,
+                                  const Weight& sink, float softmax_scale) = 0;
+  // Per-channel softmax pooling: kv, score [G*ratio, Dh] f32 -> [G, Dh] f32.
+  virtual Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) = 0;
+  // Lightning-indexer scores: q [S, nh*hd], keys [T, hd], w [S, nh] -> [S, T] (bf16 values, the
+  // reference's bf16 einsum / relu / weighting / head sum); -inf where t >= visible[s].
+  virtual Tensor index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
+                              const std::vector<int64_t>& visible) = 0;
+  // Two-level selection, level one: block score = max of block_size positions, the query's newest
+  // block pinned, keep the top `topk_blocks` finite blocks; scores outside them -> -inf in
+  // `restrict_scores` (when given). Returns the mask [S, T] U8.
+  virtual Tensor select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks,
+                                   int block_size) = 0;
+  virtual void mask_scores(Tensor& scores, const Tensor& keep_mask) = 0;
+  // Top-k per row, indices ascending; entries >= visible[s] -> -1; kept entries + offset. [S, k] I32.
+  virtual Tensor topk_indices(const Tensor& scores, int k, const std::vector<int64_t>& visible, int offset) = 0;
+
+  // --- MoE --------------------------------------------------------------------------------------
+  virtual MoeRoute moe_route(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
+                             float gate_temp) = 0;
+  // Routed experts (weights applied before w2) + the shared expert -> [S, D] bf16.
+  virtual Tensor moe_experts(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
+                             const ExpertWeights& shared, float swiglu_limit) = 0;
+
+  // --- Engram -----------------------------------------------------------------------------------
+  // Gathers and dequantizes table rows: cols [S, n] (global row ids) -> [S, n*row_dim] bf16.
+  virtual Tensor engram_lookup(const Tensor& cols, const Weight& table) = 0;
+  // h += gate * value per stream, gate from the normalised stream/key dot product. X [S, hc, D],
+  // kv [S, (hc+1)*D]. Returns the new X (bf16).
+  virtual Tensor engram_inject(const Tensor& x, const Tensor& kv, const Weight& q_weight, const Weight& k_weight,
+                               int hc, float eps) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+// "cpu" or "cuda"; throws di::Error for an unknown or unavailable device.
+std::unique_ptr<Backend> make_backend(const std::string& device);
+
+}  // namespace di

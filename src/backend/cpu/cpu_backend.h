@@ -1,0 +1,71 @@
+// The CPU reference backend: every op of backend.h in plain fp32 loops over host memory, threaded
+// with parallel_for. It reproduces the reference's rounding points (bf16 outputs, FP8/FP4
+// quantize-dequantize, block-scaled GEMM accumulation), so it is the oracle for the CUDA backend.
+#pragma once
+
+#include "backend/backend.h"
+
+namespace di {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  Tensor alloc(TType type, const std::vector<int64_t>& shape) override;
+  Tensor zeros(TType type, const std::vector<int64_t>& shape) override;
+  Tensor from_host_f32(const std::vector<float>& v, const std::vector<int64_t>& shape) override;
+  Tensor from_host_i32(const std::vector<int32_t>& v, const std::vector<int64_t>& shape) override;
+  std::vector<float> to_host_f32(const Tensor& t) override;
+  std::vector<int32_t> to_host_i32(const Tensor& t) override;
+  void copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t s0, int64_t n) override;
+  Tensor concat_cols(const Tensor& a, const Tensor& b) override;
+  void prepare(Weight&) override {}
+
+  Tensor embed(const Tensor& ids, const Weight& table) override;
+  Tensor linear(const Tensor& x, const Weight& w) override;
+  Tensor grouped_linear(const Tensor& x, const Weight& w, int groups) override;
+  Tensor rmsnorm(const Tensor& x, const Weight& weight, float eps) override;
+  void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
+            const RopeTable& table, bool inverse) override;
+  void round_bf16(Tensor& x) override;
+
+  void qdq(Tensor& x, RowFormat format) override;
+  void pack_rows(const Tensor& x, RowFormat format, Tensor& cache, const std::vector<int64_t>& slots) override;
+  Tensor unpack_rows(const Tensor& cache, RowFormat format, int64_t dim, const std::vector<int64_t>& slots) override;
+
+  Tensor hc_mixes(const Tensor& x, int hc, const Weight& fn, const Weight& scale, const Weight& base, float norm_eps,
+                  int sinkhorn_iters, float hc_eps) override;
+  Tensor hc_pre(const Tensor& x, const Tensor& mix, int hc) override;
+  Tensor hc_post(const Tensor& y, const Tensor& residual, const Tensor& mix, int hc) override;
+  Tensor stream_mean(const Tensor& x, int hc) override;
+
+  Tensor sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx, const Weight& sink,
+                          float softmax_scale) override;
+  Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) override;
+  Tensor index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
+                      const std::vector<int64_t>& visible) override;
+  Tensor select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks,
+                           int block_size) override;
+  void mask_scores(Tensor& scores, const Tensor& keep_mask) override;
+  Tensor topk_indices(const Tensor& scores, int k, const std::vector<int64_t>& visible, int offset) override;
+
+  MoeRoute moe_route(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
+                     float gate_temp) override;
+  Tensor moe_experts(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
+                     const ExpertWeights& shared, float swiglu_limit) override;
+
+  Tensor engram_lookup(const Tensor& cols, const Weight& table) override;
+  Tensor engram_inject(const Tensor& x, const Tensor& kv, const Weight& q_weight, const Weight& k_weight, int hc,
+                       float eps) override;
+};
+
+// Helpers shared by the CPU op files.
+namespace cpu {
+// Values of a 1-D or 2-D weight of any stored float dtype (BF16/F16/F32), row `r`, into out[cols].
+void weight_row_f32(const Weight& w, int64_t r, float* out);
+// Element i of a small F32/BF16 vector weight (norm weights, biases, sinks, hc scales).
+float weight_at(const Weight& w, int64_t i);
+float dot(const float* a, const float* b, int64_t n);
+}  // namespace cpu
+
+}  // namespace di
