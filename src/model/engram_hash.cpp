@@ -140,7 +140,9 @@ int32_t engram_pad_compressed(const ModelConfig& cfg, const std::vector<int32_t>
                 " classes but config engram_compressed_vocab_size is " +
                 std::to_string(cfg.engram_compressed_vocab_size) +
                 " (every hash multiplier derives from it; wrong tokenizer.json?)");
-  return engram_compress(token_map, cfg.engram_pad_id);
+  const int32_t pad = engram_compress(token_map, cfg.engram_pad_id);
+  if (pad < 0) throw Error("engram: engram_pad_id " + std::to_string(cfg.engram_pad_id) + " has no compressed class");
+  return pad;
 }
 
 int32_t engram_compress(const std::vector<int32_t>& token_map, int64_t token_id, bool in_image_span) {

@@ -142,13 +142,17 @@ std::string engram_token_key(const Tokenizer& tok, int32_t id) {
 EngramTokenMap build_engram_token_map(const Tokenizer& tok) {
   const int32_t n = tok.vocab_size();
   if (n <= 0) throw Error("engram token map: the tokenizer has no tokens");
+  // [REF] walks range(len(tokenizer)), and len counts the ids that have a token. Ids without one
+  // (holes) decode to "" there; ids at or past len are outside its map (it cannot hash them) and
+  // get kEngramNoClass here. Released tokenizers have no holes.
+  int32_t len = 0;
+  for (int32_t id = 0; id < n; ++id) len += tok.token_bytes(id).empty() ? 0 : 1;
   EngramTokenMap m;
-  m.token_map.resize(static_cast<size_t>(n));
+  m.token_map.assign(static_cast<size_t>(n), kEngramNoClass);
   std::unordered_map<std::string, int32_t> classes;
-  classes.reserve(static_cast<size_t>(n));
-  for (int32_t id = 0; id < n; ++id) {
-    const auto [it, inserted] = classes.try_emplace(engram_token_key(tok, id), static_cast<int32_t>(classes.size()));
-    (void)inserted;
+  classes.reserve(static_cast<size_t>(len));
+  for (int32_t id = 0; id < len; ++id) {
+    const auto it = classes.try_emplace(engram_token_key(tok, id), static_cast<int32_t>(classes.size())).first;
     m.token_map[static_cast<size_t>(id)] = it->second;
   }
   m.compressed_vocab_size = static_cast<int64_t>(classes.size());

@@ -22,8 +22,12 @@
 
 namespace di {
 
+// Map entry of an id the reference's map does not cover (only when the tokenizer has id holes);
+// equal to kEngramDead, so such a token hashes like an image-span token instead of failing.
+inline constexpr int32_t kEngramNoClass = -1;
+
 struct EngramTokenMap {
-  std::vector<int32_t> token_map;     // [tokenizer ids] token id -> compressed id
+  std::vector<int32_t> token_map;     // [tokenizer vocab_size()] token id -> compressed id
   int64_t compressed_vocab_size = 0;  // number of classes (99092 for the released tokenizer)
 };
 

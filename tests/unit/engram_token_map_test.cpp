@@ -137,5 +137,25 @@ TEST(EngramTokenMap, GoldenDevVocabulary) {
   EXPECT_EQ(m.compressed_vocab_size, golden["compressed_vocab_size"].get<int64_t>());
 }
 
+// The final check: the real tokenizer loaded from the golden_dev model directory.
+TEST(EngramTokenMap, GoldenDevRealTokenizer) {
+  const auto tok = Tokenizer::load(DI_TEST_DATA "/golden_dev/model");
+  const EngramTokenMap m = build_engram_token_map(*tok);
+  const auto golden = nlohmann::json::parse(read_file(DI_TEST_DATA "/golden_dev/engram_token_map.json"));
+  EXPECT_EQ(m.token_map, golden["token_map"].get<std::vector<int32_t>>());
+  EXPECT_EQ(m.compressed_vocab_size, golden["compressed_vocab_size"].get<int64_t>());
+  EXPECT_EQ(m.compressed_vocab_size, 413);
+}
+
+// Ids without a token: inside len(tokenizer) they decode to "" (their own class), past it the
+// reference has no entry.
+TEST(EngramTokenMap, IdHoles) {
+  VocabOnlyTokenizer tok({"a", "", "A", "b", ""}, {});
+  const EngramTokenMap m = build_engram_token_map(tok);
+  // len = 3 ids with a token, so the reference maps ids 0..2 only.
+  EXPECT_EQ(m.token_map, (std::vector<int32_t>{0, 1, 0, kEngramNoClass, kEngramNoClass}));
+  EXPECT_EQ(m.compressed_vocab_size, 2);
+}
+
 }  // namespace
 }  // namespace di
