@@ -6,6 +6,7 @@
 #include <unicode/unistr.h>
 #include <unicode/ustring.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -82,22 +83,26 @@ std::string to_utf8(const std::u32string& s) {
 }  // namespace
 
 std::string engram_normalize(std::string_view text) {
-  const Unicode9& u9 = unicode9();
-  UErrorCode st = U_ZERO_ERROR;
-  icu::UnicodeString s = icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
-  icu::UnicodeString nfkc, nfd;
-  u9.nfkc9->normalize(s, nfkc, st);
-  u9.nfd9->normalize(nfkc, nfd, st);
-  s = nfd;
-  if (U_FAILURE(st)) throw Error(std::string("ICU: normalization failed: ") + u_errorName(st));
-
-  // StripAccents, then Lowercase.
   std::u32string lowered;
-  for (int32_t i = 0; i < s.length();) {
-    const UChar32 c = s.char32At(i);
-    i += U16_LENGTH(c);
-    if (is_mark_v9(c)) continue;
-    append_lower(c, lowered);
+  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
+    // ASCII: NFKC and NFD are the identity and there are no marks.
+    for (char c : text) append_lower(static_cast<unsigned char>(c), lowered);
+  } else {
+    const Unicode9& u9 = unicode9();
+    UErrorCode st = U_ZERO_ERROR;
+    const icu::UnicodeString s =
+        icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
+    icu::UnicodeString nfkc, nfd;
+    u9.nfkc9->normalize(s, nfkc, st);
+    u9.nfd9->normalize(nfkc, nfd, st);
+    if (U_FAILURE(st)) throw Error(std::string("ICU: normalization failed: ") + u_errorName(st));
+    // StripAccents, then Lowercase.
+    for (int32_t i = 0; i < nfd.length();) {
+      const UChar32 c = nfd.char32At(i);
+      i += U16_LENGTH(c);
+      if (is_mark_v9(c)) continue;
+      append_lower(c, lowered);
+    }
   }
   // Replace(Regex("[ \t\r\n]+"), " ")
   std::u32string collapsed;
