@@ -71,6 +71,8 @@ struct ModelConfig {
   double route_scale = 1;
   double gate_temp = 1;
   double swiglu_limit = 0;
+  std::string score_func = "sqrtsoftplus";  // the only router scoring V4.1 uses
+  bool norm_topk_prob = true;
   int hc_mult = 0;
   int hc_sinkhorn_iters = 0;
   double hc_eps = 0;
@@ -97,6 +99,7 @@ struct ModelConfig {
   int eos_token_id = 1;
   int pad_token_id = 2;
   int image_token_id = -1;
+  int vision_n_layers = 0;                 // inference/config.json; > 0: checkpoint has vision.*
   // --- quantization_config ---------------------------------------------------------------------
   int weight_block = 32;                   // FP8 weight blocks are weight_block x weight_block
   std::string scale_fmt = "ue8m0";
@@ -108,7 +111,23 @@ struct ModelConfig {
   int n_total_layers() const { return n_layers + n_mtp_layers; }
   int hc_dim() const { return hc_mult * hidden_size; }
   int hc_mix_dim() const { return (2 + hc_mult) * hc_mult; }
+  bool is_dspark(int layer) const { return layer >= n_layers; }
+  // Routed experts / experts per token of a layer (DSpark stages have their own counts).
+  int layer_n_routed_experts(int layer) const {
+    return is_dspark(layer) && dspark_n_routed_experts > 0 ? dspark_n_routed_experts : n_routed_experts;
+  }
+  int layer_n_activated_experts(int layer) const {
+    return is_dspark(layer) && dspark_n_activated_experts > 0 ? dspark_n_activated_experts
+                                                               : n_activated_experts;
+  }
+  int engram_n_cols() const { return (engram_max_ngram - 1) * engram_n_heads; }  // hash columns (24)
 };
+
+// Checkpoint name prefix of a layer: "layers.7." for the backbone, "mtp.1." for DSpark stage 1.
+std::string layer_tensor_prefix(const ModelConfig& cfg, int layer);
+
+// One line per layer, used by `inspect`: index, ratio, mode, sources, candidates, engram, rope.
+std::string format_layer_schedule(const LayerSchedule& l);
 
 // Reads DIR/config.json (and DIR/inference/config.json when present; both must agree), validates
 // every field and derives the schedule. Throws di::Error naming file, field, value and expectation.

@@ -22,7 +22,8 @@ struct TensorView {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
-  const uint8_t* data = nullptr;      // points into the mmapped file
+  const uint8_t* data = nullptr;      // points into the mmapped file (no alignment guarantee)
+  uint64_t data_offset = 0;           // begin of data_offsets, relative to the data section
   uint64_t nbytes = 0;
   std::string file;                   // shard file name, for errors
 
@@ -35,10 +36,16 @@ struct TensorView {
 std::vector<TensorView> parse_safetensors_header(std::string_view header_json, uint64_t data_size,
                                                  const std::string& file_name);
 
+// Parses model.safetensors.index.json: returns its `weight_map` (tensor name -> shard file name).
+// Shard names must be plain file names (no directories). Throws di::Error naming `file_name`.
+std::map<std::string, std::string> parse_safetensors_index(std::string_view index_json,
+                                                           const std::string& file_name);
+
 class Checkpoint {
  public:
   // Opens DIR/model.safetensors.index.json if present, else DIR/model.safetensors, else every
-  // *.safetensors file in DIR. Throws di::Error.
+  // *.safetensors file in DIR. With an index, every listed shard must exist and hold exactly the
+  // tensors mapped to it. A name in two files is an error. Throws di::Error.
   static std::unique_ptr<Checkpoint> open(const std::filesystem::path& model_dir);
   // Opens one safetensors file.
   static std::unique_ptr<Checkpoint> open_file(const std::filesystem::path& file);
@@ -51,9 +58,12 @@ class Checkpoint {
   const TensorView& get(std::string_view name) const;    // throws di::Error when absent
   const std::map<std::string, TensorView, std::less<>>& tensors() const { return tensors_; }
 
+  struct Mapping;
+
  private:
   Checkpoint() = default;
-  struct Mapping;
+  void add_file(const std::filesystem::path& file);
+  static std::vector<TensorView> parse_mapped(const std::filesystem::path& file, Mapping& m);
   std::vector<std::unique_ptr<Mapping>> mappings_;
   std::map<std::string, TensorView, std::less<>> tensors_;
 };
