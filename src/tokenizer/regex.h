@@ -1,0 +1,51 @@
+// A compiled PCRE2 pattern (UTF + UCP, JIT when available) for the pre-tokenizer. Patterns in
+// tokenizer.json are written for Oniguruma (what Hugging Face tokenizers runs); the few escapes
+// whose meaning differs in PCRE2 are rewritten first (see translate_onig_pattern).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace di {
+
+// Rewrites an Oniguruma pattern for PCRE2: \s and \S become the Unicode White_Space set (PCRE2's
+// \s lacks U+0085), \h and \H mean hex digits as in Oniguruma.
+std::string translate_onig_pattern(std::string_view pattern);
+
+class Regex {
+ public:
+  // Throws di::Error naming `origin` when the pattern does not compile.
+  Regex(std::string_view pattern, const std::string& origin);
+  ~Regex();
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // Scratch state for matching; one per thread (not shareable).
+  class Matcher {
+   public:
+    explicit Matcher(const Regex& re);
+    ~Matcher();
+    Matcher(const Matcher&) = delete;
+    Matcher& operator=(const Matcher&) = delete;
+    // Finds the first match in subject[offset..) treating `subject` as the whole string (so
+    // look-arounds stop at its ends). Subject must be valid UTF-8. Returns false when none.
+    bool find(std::string_view subject, size_t offset, size_t* begin, size_t* end);
+
+   private:
+    const Regex& re_;
+    void* match_data_ = nullptr;
+    // Created on the first JIT stack overflow (long backtracking runs); never shared by threads.
+    void* match_context_ = nullptr;
+    void* jit_stack_ = nullptr;
+  };
+
+ private:
+  friend class Matcher;
+  void* code_ = nullptr;
+  bool jit_ = false;
+  std::string origin_;
+};
+
+}  // namespace di
