@@ -1,6 +1,7 @@
-// `deepinfer encode-chat --request FILE [--model DIR]`: an OpenAI-style chat-completions request
+// `deepinfer encode-chat --model DIR --request FILE`: an OpenAI-style chat-completions request
 // (JSON; FILE "-" = stdin) → {"text": prompt, "ids": token ids} on stdout, rendered with the V4.1
-// chat encoding; ids need --model (the directory holding tokenizer.json). Invalid request: exit 1.
+// chat encoding and tokenized with DIR/tokenizer.json (special tokens matched; the text starts with
+// BOS). Without --model only "text" is printed. Invalid request: a message naming the field, exit 1.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "tokenizer/chat_encoding.h"
+#include "tokenizer/tokenizer.h"
 
 namespace di::cli {
 
@@ -37,6 +39,9 @@ int cmd_encode_chat(const Argv& argv) {
 
   nlohmann::ordered_json out;
   out["text"] = prompt.text;
+  if (auto model = args.get_opt("model")) {
+    out["ids"] = Tokenizer::load(*model)->encode(prompt.text, /*allow_special=*/true);
+  }
   std::string json = out.dump();
   std::fwrite(json.data(), 1, json.size(), stdout);
   std::fputc('\n', stdout);
