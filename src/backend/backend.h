@@ -64,6 +64,8 @@ class Backend {
                     const RopeTable& table, bool inverse) = 0;
   // Rounds every value to bf16 in place.
   virtual void round_bf16(Tensor& x) = 0;
+  // x = bf16(x * factor), in place.
+  virtual void scale_bf16(Tensor& x, float factor) = 0;
 
   // --- quantize-dequantize (spec §2.8), in place, per row ------------------------------------------
   virtual void qdq(Tensor& x, RowFormat format) = 0;

@@ -27,7 +27,11 @@ struct Tensor {
   }
   int64_t dim(int i) const { return shape.at(static_cast<size_t>(i < 0 ? i + static_cast<int>(shape.size()) : i)); }
   int64_t rows() const { return shape.empty() ? 0 : shape[0]; }
-  int64_t row_size() const { return shape.empty() ? 0 : numel() / shape[0]; }
+  int64_t row_size() const {  // product of the trailing dims
+    int64_t n = 1;
+    for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+    return shape.empty() ? 0 : n;
+  }
   bool empty() const { return data == nullptr; }
   float* f32() const { return static_cast<float*>(data); }
   int32_t* i32() const { return static_cast<int32_t*>(data); }

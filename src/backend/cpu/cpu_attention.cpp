@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "backend/cpu/torch_topk.h"
 #include "core/thread_pool.h"
 #include "model/quant.h"
 
@@ -125,10 +126,8 @@ Tensor CpuBackend::select_candidates(const Tensor& scores, const std::vector<int
       // the block holding the query's newest visible position is pinned in
       int64_t last = visible[r] > 0 ? (visible[r] - 1) / block_size : -1;
       if (last >= 0 && last < n_blocks) bs[last] = std::numeric_limits<float>::infinity();
-      std::iota(order.begin(), order.end(), 0);
       int64_t keep = std::min<int64_t>(topk_blocks, n_blocks);
-      std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                        [&](int64_t a, int64_t c) { return bs[a] > bs[c] || (bs[a] == bs[c] && a < c); });
+      order = cpu::torch_topk_indices(bs.data(), n_blocks, keep);
       for (int64_t k = 0; k < keep; ++k) {
         int64_t blk = order[k];
         if (!(bs[blk] > kNegInf)) continue;
@@ -151,13 +150,9 @@ Tensor CpuBackend::topk_indices(const Tensor& scores, int k, const std::vector<i
   DI_CHECK(k <= width);
   Tensor out = alloc(TType::kI32, {s, k});
   parallel_for(s, [&](int64_t b, int64_t e) {
-    std::vector<int64_t> order(width);
     for (int64_t r = b; r < e; ++r) {
-      const float* sc = scores.f32() + r * width;
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](int64_t a, int64_t c) { return sc[a] > sc[c] || (sc[a] == sc[c] && a < c); });
-      std::sort(order.begin(), order.begin() + k);
+      std::vector<int64_t> order = cpu::torch_topk_indices(scores.f32() + r * width, width, k);
+      std::sort(order.begin(), order.end());
       for (int i = 0; i < k; ++i)
         out.i32()[r * k + i] = order[i] < visible[r] ? static_cast<int32_t>(order[i] + offset) : -1;
     }

@@ -28,6 +28,7 @@ class CpuBackend final : public Backend {
   void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
             const RopeTable& table, bool inverse) override;
   void round_bf16(Tensor& x) override;
+  void scale_bf16(Tensor& x, float factor) override;
 
   void qdq(Tensor& x, RowFormat format) override;
   void pack_rows(const Tensor& x, RowFormat format, Tensor& cache, const std::vector<int64_t>& slots) override;

@@ -56,6 +56,10 @@ void CpuBackend::round_bf16(Tensor& x) {
   for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = quant::round_bf16(x.f32()[i]);
 }
 
+void CpuBackend::scale_bf16(Tensor& x, float factor) {
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = quant::round_bf16(x.f32()[i] * factor);
+}
+
 void CpuBackend::qdq(Tensor& x, RowFormat format) {
   int64_t s = x.rows(), n = x.row_size();
   parallel_for(s, [&](int64_t b, int64_t e) {

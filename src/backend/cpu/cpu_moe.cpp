@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/torch_topk.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/quant.h"
@@ -29,10 +30,7 @@ MoeRoute CpuBackend::moe_route(const Tensor& x, const Weight& gate, const Weight
       sc[e] = std::sqrt(sp);
       biased[e] = sc[e] + b[e];
     }
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int64_t a, int64_t c) {
-      return biased[a] > biased[c] || (biased[a] == biased[c] && a < c);
-    });
+    order = cpu::torch_topk_indices(biased.data(), n_exp, top_k);
     float sum = 0;
     for (int k = 0; k < top_k; ++k) sum += sc[order[k]];
     for (int k = 0; k < top_k; ++k) {

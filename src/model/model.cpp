@@ -1,0 +1,229 @@
+// The V4.1 forward (spec §2.1-2.2, §2.6-2.7, §4.3): embedding, four residual streams with
+// single-pass mHC, 40 blocks (Engram before blocks 1 and 14), the final collapse and fp32 head; and
+// the DSpark draft (feature taps -> main_proj -> 3 stages -> Markov correction + confidence).
+#include "model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+#include "core/error.h"
+#include "model/model_scratch.h"
+#include "model/rope_table.h"
+#include "tokenizer/engram_token_map.h"
+#include "tokenizer/tokenizer.h"
+
+#if __has_include("model/checkpoint_validate.h")
+#include "model/checkpoint_validate.h"
+#define DI_HAVE_VALIDATE 1
+#endif
+
+namespace di {
+
+Model::Model(ModelConfig cfg, std::unique_ptr<Checkpoint> ckpt, Backend& backend)
+    : cfg_(std::move(cfg)), ckpt_(std::move(ckpt)), backend_(backend) {}
+
+std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& backend, const ModelOptions& options) {
+  ModelConfig cfg = load_model_config(dir);
+  std::unique_ptr<Checkpoint> ckpt = Checkpoint::open(dir);
+#ifdef DI_HAVE_VALIDATE
+  validate_checkpoint(cfg, *ckpt, options.allow_unexpected_tensors);
+#else
+  (void)options;
+#endif
+  std::unique_ptr<Model> m(new Model(cfg, std::move(ckpt), backend));
+  m->w_ = bind_model_weights(m->cfg_, *m->ckpt_, backend);
+  for (const LayerSchedule& ls : m->cfg_.layers) m->rope_.push_back(rope_table_for(ls, m->cfg_));
+  m->engram_ = make_engram_layout(m->cfg_);
+  if (m->engram_.n_slots() > 0) {
+    // Engram hashes a tokenizer-normalised id space: the token map comes from tokenizer.json.
+    if (!std::filesystem::exists(dir / "tokenizer.json"))
+      throw Error((dir / "tokenizer.json").string() + ": missing; Engram layers need the tokenizer to build the token map");
+    std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir);
+    EngramTokenMap map = build_engram_token_map(*tok);
+    m->engram_pad_ = engram_pad_compressed(m->cfg_, map.token_map, map.compressed_vocab_size);
+    m->engram_token_map_ = std::move(map.token_map);
+  }
+  return m;
+}
+
+Tensor Model::one_hot_pre(int64_t n) {
+  // The first sublayer collapses stream 0 only.
+  std::vector<float> v(n * cfg_.hc_mix_dim(), 0.0f);
+  for (int64_t i = 0; i < n; ++i) v[i * cfg_.hc_mix_dim()] = 1.0f;
+  return backend_.from_host_f32(v, {n, cfg_.hc_mix_dim()});
+}
+
+Tensor Model::repeat_streams(const Tensor& x) {
+  int64_t n = x.rows(), d = x.row_size(), hc = cfg_.hc_mult;
+  Tensor h = backend_.alloc(TType::kF32, {n, hc * d});
+  Tensor hv = h;
+  hv.shape = {n * hc, d};
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < hc; ++k) backend_.copy_rows(hv, i * hc + k, x, i, 1);
+  return h;
+}
+
+Tensor Model::moe(int layer, const Tensor& x) {
+  const LayerSchedule& ls = cfg_.layers[layer];
+  const LayerWeights& lw = w_.layers[layer];
+  int top_k = ls.is_dspark ? cfg_.dspark_n_activated_experts : cfg_.n_activated_experts;
+  MoeRoute route = backend_.moe_route(x, lw.gate, lw.gate_bias, top_k, static_cast<float>(cfg_.route_scale),
+                                      static_cast<float>(cfg_.gate_temp));
+  return backend_.moe_experts(x, route, lw.experts, lw.shared, static_cast<float>(cfg_.swiglu_limit));
+}
+
+Tensor Model::engram(int layer, const Tensor& h, const Tensor& cols) {
+  const LayerWeights& lw = w_.layers[layer];
+  Tensor rows = backend_.engram_lookup(cols, lw.engram_table);  // [n, n_cols * head_dim]
+  Tensor kv = backend_.linear(rows, lw.engram_wkv);              // [n, (hc + 1) * D]
+  return backend_.engram_inject(h, kv, lw.engram_q, lw.engram_k, cfg_.hc_mult, static_cast<float>(cfg_.norm_eps));
+}
+
+Tensor Model::block(int layer, const Tensor& h, Tensor& pre_mix, const std::vector<int64_t>& positions,
+                    SequenceState& state, ForwardScratch& scratch, const Tensor* dspark_main_x) {
+  (void)dspark_main_x;
+  const LayerWeights& lw = w_.layers[layer];
+  const int hc = cfg_.hc_mult;
+  const float eps = static_cast<float>(cfg_.norm_eps), hc_eps = static_cast<float>(cfg_.hc_eps);
+  // attention site: collapses with the previous site's pre, computes the mixes the FFN site uses
+  Tensor a_mix = backend_.hc_mixes(h, hc, lw.hc_attn_fn, lw.hc_attn_scale, lw.hc_attn_base, eps,
+                                   cfg_.hc_sinkhorn_iters, hc_eps);
+  Tensor x = backend_.rmsnorm(backend_.hc_pre(h, pre_mix, hc), lw.attn_norm, eps);
+  Tensor y = cfg_.layers[layer].is_dspark ? dspark_attention(layer, x, positions, state)
+                                          : attention(layer, x, positions, state, scratch);
+  Tensor h1 = backend_.hc_post(y, h, a_mix, hc);
+  // FFN site
+  Tensor f_mix = backend_.hc_mixes(h1, hc, lw.hc_ffn_fn, lw.hc_ffn_scale, lw.hc_ffn_base, eps,
+                                   cfg_.hc_sinkhorn_iters, hc_eps);
+  x = backend_.rmsnorm(backend_.hc_pre(h1, a_mix, hc), lw.ffn_norm, eps);
+  y = moe(layer, x);
+  pre_mix = f_mix;
+  return backend_.hc_post(y, h1, f_mix, hc);
+}
+
+ForwardResult Model::forward(SequenceState& state, const std::vector<int32_t>& ids, bool all_logits) {
+  DI_CHECK(!ids.empty());
+  const int64_t n = static_cast<int64_t>(ids.size()), start = state.n_tokens;
+  if (start + n > cfg_.max_position)
+    throw Error("sequence of " + std::to_string(start + n) + " tokens exceeds max_position_embeddings " +
+                std::to_string(cfg_.max_position));
+  for (int32_t id : ids)
+    if (id < 0 || id >= cfg_.vocab_size)
+      throw Error("token id " + std::to_string(id) + " out of range [0, " + std::to_string(cfg_.vocab_size) + ")");
+  std::vector<int64_t> positions(n);
+  for (int64_t i = 0; i < n; ++i) positions[i] = start + i;
+
+  // Engram columns for this chunk, from the request's compressed-id history
+  std::vector<Tensor> engram_cols;
+  if (engram_.n_slots() > 0) {
+    for (int32_t id : ids) state.engram_history.push_back(engram_compress(engram_token_map_, id));
+    int nc = engram_.n_cols(), ns = engram_.n_slots();
+    std::vector<int64_t> all(n * ns * nc);
+    engram_hash_tokens(engram_, state.engram_history, positions, engram_pad_, all.data());
+    for (int s = 0; s < ns; ++s) {
+      std::vector<int32_t> cols(n * nc);
+      for (int64_t i = 0; i < n; ++i)
+        for (int c = 0; c < nc; ++c) cols[i * nc + c] = static_cast<int32_t>(all[(i * ns + s) * nc + c]);
+      engram_cols.push_back(backend_.from_host_i32(cols, {n, nc}));
+    }
+  }
+
+  Tensor h = repeat_streams(backend_.embed(backend_.from_host_i32(ids, {n}), w_.embed));  // [n, hc*D]
+  Tensor pre = one_hot_pre(n);
+  ForwardScratch scratch;
+  ForwardResult result;
+  std::vector<Tensor> taps;
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    const LayerSchedule& ls = cfg_.layers[l];
+    if (ls.engram_slot >= 0) h = engram(l, h, engram_cols[ls.engram_slot]);
+    if (ls.dspark_tap >= 0) taps.push_back(backend_.stream_mean(h, cfg_.hc_mult));  // attention input
+    h = block(l, h, pre, positions, state, scratch, nullptr);
+    if (const char* dir = std::getenv("DEEPINFER_DUMP_DIR")) {  // debugging aid: hidden states per block
+      std::vector<float> v = backend_.to_host_f32(h);
+      std::ofstream(std::string(dir) + "/f" + std::to_string(state.n_forwards) + "_l" + std::to_string(l) + ".f32",
+                    std::ios::binary)
+          .write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+    }
+  }
+  ++state.n_forwards;
+  state.n_tokens += n;
+  if (!taps.empty()) {
+    result.features = taps[0];
+    for (size_t i = 1; i < taps.size(); ++i) result.features = backend_.concat_cols(result.features, taps[i]);
+  }
+  // the final collapse reuses the last block's FFN-site pre (V4.1 has no hc_head)
+  Tensor x = backend_.hc_pre(h, pre, cfg_.hc_mult);
+  if (!all_logits && n > 1) {
+    Tensor last = backend_.alloc(TType::kF32, {1, x.row_size()});
+    backend_.copy_rows(last, 0, x, n - 1, 1);
+    x = last;
+  }
+  x = backend_.rmsnorm(x, w_.norm, static_cast<float>(cfg_.norm_eps));
+  result.logits = backend_.to_host_f32(backend_.linear(x, w_.head));
+  return result;
+}
+
+void Model::dspark_seed(SequenceState& state, const Tensor& features) {
+  DI_CHECK(has_dspark());
+  int64_t n = features.rows(), start = state.dspark_seeded, win = cfg_.window;
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  const LayerWeights& first = w_.layers[cfg_.n_layers];
+  Tensor main_x = backend_.rmsnorm(backend_.linear(features, first.main_proj), first.main_norm, eps);  // [n, D]
+  std::vector<int64_t> positions(n);
+  for (int64_t i = 0; i < n; ++i) positions[i] = start + i;
+  for (int s = 0; s < cfg_.n_mtp_layers; ++s) {
+    int layer = cfg_.n_layers + s;
+    const AttentionWeights& a = w_.layers[layer].attn;
+    Tensor kv = backend_.rmsnorm(backend_.linear(main_x, a.wkv), a.kv_norm, eps);
+    backend_.rope(kv, 1, cfg_.head_dim, cfg_.rope_dim, positions, rope_[layer], false);
+    backend_.qdq(kv, RowFormat::kFp8Ue8m0);
+    int64_t first_row = std::max<int64_t>(0, n - win);
+    Tensor tail = backend_.alloc(TType::kF32, {n - first_row, kv.row_size()});
+    backend_.copy_rows(tail, 0, kv, first_row, n - first_row);
+    std::vector<int64_t> slots;
+    for (int64_t i = first_row; i < n; ++i) slots.push_back((start + i) % win);
+    backend_.pack_rows(tail, RowFormat::kFp8Ue8m0, state.layers[layer].window, slots);
+  }
+  state.dspark_seeded += n;
+}
+
+DraftResult Model::dspark_draft(SequenceState& state, int32_t anchor) {
+  DI_CHECK(has_dspark() && state.dspark_seeded > 0);
+  const int block_size = cfg_.dspark_block_size, hc = cfg_.hc_mult;
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  const int64_t vocab = cfg_.vocab_size;
+  if (anchor < 0 || anchor >= vocab) throw Error("DSpark anchor token id " + std::to_string(anchor) + " out of range");
+  std::vector<int32_t> ids(block_size, cfg_.dspark_noise_token_id);
+  ids[0] = anchor;
+  std::vector<int64_t> positions(block_size);
+  for (int i = 0; i < block_size; ++i) positions[i] = state.dspark_seeded + i;  // p+1 .. p+block
+  Tensor h = repeat_streams(backend_.embed(backend_.from_host_i32(ids, {block_size}), w_.embed));
+  Tensor pre = one_hot_pre(block_size);
+  ForwardScratch scratch;
+  for (int s = 0; s < cfg_.n_mtp_layers; ++s) h = block(cfg_.n_layers + s, h, pre, positions, state, scratch, nullptr);
+  const LayerWeights& last = w_.layers[cfg_.n_layers + cfg_.n_mtp_layers - 1];
+  Tensor x = backend_.hc_pre(h, pre, hc);  // [block, D]
+  std::vector<float> logits = backend_.to_host_f32(backend_.linear(backend_.rmsnorm(x, last.final_norm, eps), w_.head));
+
+  DraftResult r;
+  r.ids.push_back(anchor);
+  std::vector<Tensor> markov_rows;
+  for (int i = 0; i < block_size; ++i) {
+    // sequential Markov correction: the previous token's low-rank embedding biases this row
+    Tensor e = backend_.embed(backend_.from_host_i32({r.ids.back()}, {1}), last.markov_embed);  // [1, rank]
+    std::vector<float> bias = backend_.to_host_f32(backend_.linear(e, last.markov_head));      // [1, vocab]
+    float* row = logits.data() + i * vocab;
+    for (int64_t v = 0; v < vocab; ++v) row[v] += bias[v];
+    r.ids.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));  // greedy, first max
+    markov_rows.push_back(e);
+  }
+  Tensor emb = backend_.alloc(TType::kF32, {block_size, cfg_.dspark_markov_rank});
+  for (int i = 0; i < block_size; ++i) backend_.copy_rows(emb, i, markov_rows[i], 0, 1);
+  r.confidence = backend_.to_host_f32(backend_.linear(backend_.concat_cols(x, emb), last.confidence));
+  r.logits = std::move(logits);
+  return r;
+}
+
+}  // namespace di

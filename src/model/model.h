@@ -1,0 +1,86 @@
+// DeepSeek-V4.1-Flash, written once over the Backend op contract: the 40-block forward with
+// single-pass mHC, CSA2 attention (Full / Reindex / Reuse), MoE, Engram, and the DSpark draft.
+// One Model serves many sequences; each sequence's caches live in its SequenceState.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/engram_hash.h"
+#include "model/model_weights.h"
+#include "model/safetensors.h"
+#include "model/sequence_state.h"
+
+namespace di {
+
+struct ForwardResult {
+  std::vector<float> logits;  // [n_rows, vocab] fp32: the last position, or every position
+  Tensor features;            // [n_tokens, n_taps * D] DSpark feature taps (empty without DSpark)
+};
+
+struct DraftResult {
+  std::vector<int32_t> ids;         // [block + 1]: the anchor token, then the greedy drafts
+  std::vector<float> logits;        // [block, vocab] Markov-corrected draft logits
+  std::vector<float> confidence;    // [block] confidence logits (before the sigmoid)
+};
+
+struct ModelOptions {
+  bool allow_unexpected_tensors = false;
+};
+
+class Model {
+ public:
+  // Loads config, checkpoint and (for Engram) tokenizer from `dir`; validates; binds weights.
+  static std::unique_ptr<Model> load(const std::filesystem::path& dir, Backend& backend,
+                                     const ModelOptions& options = {});
+
+  const ModelConfig& config() const { return cfg_; }
+  Backend& backend() { return backend_; }
+  bool has_dspark() const { return cfg_.n_mtp_layers > 0 && cfg_.dspark_block_size > 0; }
+
+  SequenceState new_sequence() { return make_sequence_state(cfg_, backend_); }
+
+  // Runs `ids` at positions state.n_tokens.. (a prefill chunk or one decode token) and appends them
+  // to the caches. all_logits: one row per token, else the last token's row only.
+  ForwardResult forward(SequenceState& state, const std::vector<int32_t>& ids, bool all_logits = false);
+
+  // DSpark: writes the draft stages' window rows for the positions whose target features are given
+  // (rows for positions state.dspark_seeded..), as the reference's prefill / per-step seeding.
+  void dspark_seed(SequenceState& state, const Tensor& features);
+  // DSpark: drafts block_size tokens after `anchor`, the token sampled at position `pos` + 1 (pos =
+  // the last seeded position). Greedy drafts.
+  DraftResult dspark_draft(SequenceState& state, int32_t anchor);
+
+ private:
+  Model(ModelConfig cfg, std::unique_ptr<Checkpoint> ckpt, Backend& backend);
+
+  struct ForwardScratch;  // per-forward shared attention state (top-k lists, candidates)
+  Tensor block(int layer, const Tensor& h, Tensor& pre_mix, const std::vector<int64_t>& positions,
+               SequenceState& state, ForwardScratch& scratch, const Tensor* dspark_main_x);
+  Tensor attention(int layer, const Tensor& x, const std::vector<int64_t>& positions, SequenceState& state,
+                   ForwardScratch& scratch);
+  Tensor dspark_attention(int layer, const Tensor& x, const std::vector<int64_t>& positions, SequenceState& state);
+  // Compressed branch of a ratio > 0 layer: rows to append to the attention keys and their top-k
+  // lists (already offset by `offset`).
+  void compressed_branch(int layer, const Tensor& x, const Tensor& qr, const std::vector<int64_t>& positions,
+                         SequenceState& state, ForwardScratch& scratch, int offset, Tensor& rows, Tensor& idx);
+  Tensor attention_output(int layer, Tensor& o, const std::vector<int64_t>& positions);
+  Tensor moe(int layer, const Tensor& x);
+  Tensor engram(int layer, const Tensor& h, const Tensor& cols);
+  Tensor one_hot_pre(int64_t n);
+  Tensor repeat_streams(const Tensor& x);
+
+  ModelConfig cfg_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  Backend& backend_;
+  ModelWeights w_;
+  std::vector<RopeTable> rope_;        // per layer
+  EngramLayout engram_;
+  std::vector<int32_t> engram_token_map_;
+  int32_t engram_pad_ = 0;
+};
+
+}  // namespace di
