@@ -228,7 +228,9 @@ Message read_message(const Json& msg, const std::string& path, bool is_last) {
     m.parts = read_content_parts(*content, path + ".content");
     m.content = join(m.parts, "\n\n");
   } else if (m.role != Role::kAssistant) {
-    fail(path + ".content", "missing (only assistant messages may omit content)");
+    const Json* raw = find_field(msg, "content");
+    fail(path + ".content", raw ? "expected a string or an array of text parts, got null (only assistant content may be null)"
+                                : "missing (only assistant messages may omit content)");
   }
   if (m.role == Role::kDeveloper && m.content.empty()) {
     fail(path + ".content", "a developer message must not be empty");

@@ -478,6 +478,7 @@ TEST(ChatEncoding, InvalidRequestsNameTheField) {
       {R"({"messages":[{"content":"x"}]})", "messages[0].role: missing"},
       {R"({"messages":[{"role":"user"}]})", "messages[0].content: missing"},
       {R"({"messages":[{"role":"user","content":5}]})", "messages[0].content: expected a string or an array"},
+      {R"({"messages":[{"role":"user","content":null}]})", "messages[0].content: expected a string or an array"},
       {R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})", "messages[0].content[0].text: missing"},
       {R"({"messages":[{"role":"user","content":[{"type":"text","text":1}]}]})", "messages[0].content[0].text: expected a string"},
       {R"({"messages":[{"role":"user","content":"x","name":3}]})", "messages[0].name: expected a string"},
