@@ -14,6 +14,8 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& file) {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(file + ": not valid JSON (byte " + std::to_string(e.byte) + "): " + e.what());
+  } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range for a number beyond double
+    throw Error(file + ": not valid JSON: " + e.what());
   }
 }
 
