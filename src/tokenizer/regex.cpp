@@ -2,6 +2,12 @@
 #include "tokenizer/regex.h"
 
 #include <pcre2.h>
+#include <unicode/uchar.h>
+#include <unicode/uset.h>
+
+#include <cstdio>
+#include <map>
+#include <mutex>
 
 #include "core/error.h"
 
@@ -19,6 +25,58 @@ std::string pcre2_message(int code) {
   PCRE2_UCHAR buf[256];
   int n = pcre2_get_error_message(code, buf, sizeof(buf));
   return n < 0 ? "PCRE2 error " + std::to_string(code) : std::string(reinterpret_cast<char*>(buf));
+}
+
+// "major.minor" of PCRE2's Unicode tables, e.g. "14.0".
+std::string pcre2_unicode_version() {
+  char buf[64] = {};
+  pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, buf);
+  std::string v(buf);
+  size_t dot = v.find('.');
+  if (dot != std::string::npos) dot = v.find('.', dot + 1);
+  return v.substr(0, dot);
+}
+
+bool version_less(const std::string& a, const std::string& b) {
+  int a1 = 0, a2 = 0, b1 = 0, b2 = 0;
+  std::sscanf(a.c_str(), "%d.%d", &a1, &a2);
+  std::sscanf(b.c_str(), "%d.%d", &b1, &b2);
+  return a1 != b1 ? a1 < b1 : a2 < b2;
+}
+
+// Class items for the characters with property `name` that ICU knows but PCRE2's older tables do
+// not (assigned after PCRE2's Unicode version). Empty when PCRE2 is as new as ICU or ICU does not
+// know the name.
+std::string newer_property_items(const std::string& name) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(name); it != cache.end()) return it->second;
+  std::string items;
+  UVersionInfo icu{};
+  u_getUnicodeVersion(icu);
+  const std::string icu_version = std::to_string(icu[0]) + "." + std::to_string(icu[1]);
+  const std::string pcre_version = pcre2_unicode_version();
+  if (version_less(pcre_version, icu_version)) {
+    const std::string pattern = "[[:" + name + ":]-[:Age=" + pcre_version + ":]]";
+    std::u16string wide(pattern.begin(), pattern.end());
+    UErrorCode status = U_ZERO_ERROR;
+    USet* set = uset_openPattern(reinterpret_cast<const UChar*>(wide.data()), static_cast<int32_t>(wide.size()), &status);
+    if (U_SUCCESS(status) && set != nullptr) {
+      const int32_t n = uset_getItemCount(set);
+      char buf[48];
+      for (int32_t i = 0; i < n; ++i) {
+        UChar32 lo = 0, hi = 0;
+        UErrorCode st = U_ZERO_ERROR;
+        if (uset_getItem(set, i, &lo, &hi, nullptr, 0, &st) != 0 || U_FAILURE(st)) continue;  // strings: none here
+        std::snprintf(buf, sizeof(buf), "\\x{%X}-\\x{%X}", static_cast<unsigned>(lo), static_cast<unsigned>(hi));
+        items += buf;
+      }
+    }
+    if (set != nullptr) uset_close(set);
+  }
+  cache.emplace(name, items);
+  return items;
 }
 
 }  // namespace
@@ -43,6 +101,32 @@ std::string translate_onig_pattern(std::string_view p) {
           out += items;
           out += ']';
         }
+        continue;
+      }
+      if ((e == 'p' || e == 'P') && i + 1 < p.size()) {
+        // \p{Name} or \pL: add the characters newer than PCRE2's Unicode tables (from ICU).
+        size_t name_begin = i + 1, name_end = i + 2;
+        if (p[i + 1] == '{') {
+          name_begin = i + 2;
+          name_end = p.find('}', name_begin);
+          if (name_end == std::string_view::npos) name_end = name_begin;  // malformed: PCRE2 reports it
+        }
+        const std::string name(p.substr(name_begin, name_end - name_begin));
+        const std::string extra = name.empty() || name[0] == '^' ? std::string() : newer_property_items(name);
+        const std::string_view original = p.substr(i - 1, (p[i + 1] == '{' ? name_end + 1 : name_end) - (i - 1));
+        if (extra.empty() || (e == 'P' && in_class)) {
+          out += original;
+        } else if (in_class) {
+          out += original;
+          out += extra;
+        } else {
+          out += e == 'p' ? "[" : "[^";
+          out += "\\p";
+          out += original.substr(2);
+          out += extra;
+          out += ']';
+        }
+        i = (p[i + 1] == '{' ? name_end : name_end - 1);
         continue;
       }
       if ((e == 'S' || e == 'H') && !in_class) {

@@ -11,7 +11,9 @@
 namespace di {
 
 // Rewrites an Oniguruma pattern for PCRE2: \s and \S become the Unicode White_Space set (PCRE2's
-// \s lacks U+0085), \h and \H mean hex digits as in Oniguruma.
+// \s lacks U+0085), \h and \H mean hex digits as in Oniguruma, and \p{..} classes gain the
+// characters assigned after PCRE2's Unicode version that ICU knows (PCRE2 10.42 has Unicode 14,
+// Hugging Face's Oniguruma a newer one: CJK Extension H letters, for one).
 std::string translate_onig_pattern(std::string_view pattern);
 
 class Regex {

@@ -111,6 +111,14 @@ TEST(TokenizerParts, OnigurumaEscapesRewritten) {
   for (const char* yes : {" ", "\t\n\v\f\r", "\u0085", "\u00a0", "\u1680", "\u2000\u200a", "\u2028\u2029", "\u202f\u205f\u3000"})
     EXPECT_TRUE(m.find(yes, 0, &b, &e)) << yes;
   for (const char* no : {"\u200b", "\ufeff", "\u180e", "x"}) EXPECT_FALSE(m.find(no, 0, &b, &e)) << no;
+  // Letters of Unicode 15.0 (newer than PCRE2 10.42's tables) count as \p{L}, as for Hugging Face.
+  Regex letters("^\\p{L}+$", "test");
+  Regex::Matcher lm(letters);
+  EXPECT_TRUE(lm.find("a\U00031350\U0001E4D0", 0, &b, &e));
+  Regex not_letters("^[^\\p{L}]+$", "test");
+  Regex::Matcher nm(not_letters);
+  EXPECT_FALSE(nm.find("\U00031350", 0, &b, &e));
+  EXPECT_TRUE(nm.find("1 .", 0, &b, &e));
 }
 
 TEST(TokenizerParts, AddedTokenFlags) {
