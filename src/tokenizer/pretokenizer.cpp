@@ -114,6 +114,7 @@ void PreTokenizer::split(std::string_view text, Scratch& s, std::vector<Word>& o
   out.clear();
   if (text.empty()) return;
   out.push_back(Word{0, static_cast<uint32_t>(text.size()), false});
+  const bool newer = !regexes_.empty() && Regex::has_newer_chars(text);
   for (const Step& step : steps_) {
     if (step.prefix_space) {
       for (Word& w : out)
@@ -121,13 +122,13 @@ void PreTokenizer::split(std::string_view text, Scratch& s, std::vector<Word>& o
       continue;
     }
     s.next.clear();
-    for (const Word& w : out) apply_split(step, text, w, s, s.next);
+    for (const Word& w : out) apply_split(step, text, w, newer, s, s.next);
     out.swap(s.next);
   }
 }
 
-void PreTokenizer::apply_split(const Step& step, std::string_view text, const Word& w, Scratch& s,
-                               std::vector<Word>& out) const {
+void PreTokenizer::apply_split(const Step& step, std::string_view text, const Word& w, bool newer,
+                               Scratch& s, std::vector<Word>& out) const {
   // The subject is the word alone: look-arounds must not see the neighbouring words.
   std::string_view subject = text.substr(w.begin, w.end - w.begin);
   if (w.prefix_space) {
@@ -142,7 +143,7 @@ void PreTokenizer::apply_split(const Step& step, std::string_view text, const Wo
   auto& segs = s.segs;
   segs.clear();
   size_t pos = 0, prev = 0, b = 0, e = 0;
-  while (pos <= len && m.find(subject, pos, &b, &e)) {
+  while (pos <= len && m.find(subject, pos, &b, &e, newer)) {
     if (e == b) {  // empty match: step over one character
       if (b >= len) break;
       pos = b + static_cast<size_t>(utf8::lead_length(static_cast<unsigned char>(subject[b])));

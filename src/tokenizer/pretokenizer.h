@@ -62,7 +62,8 @@ class PreTokenizer {
     bool invert = false;
   };
   void add_step(const nlohmann::json& step, const std::string& where, bool last);
-  void apply_split(const Step& step, std::string_view text, const Word& w, Scratch& s,
+  // `newer`: text has characters newer than PCRE2's Unicode tables (Regex::has_newer_chars).
+  void apply_split(const Step& step, std::string_view text, const Word& w, bool newer, Scratch& s,
                    std::vector<Word>& out) const;
 
   std::vector<Step> steps_;

@@ -5,11 +5,14 @@
 #include <unicode/uchar.h>
 #include <unicode/uset.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "core/error.h"
+#include "tokenizer/utf8.h"
 
 namespace di {
 
@@ -44,15 +47,17 @@ bool version_less(const std::string& a, const std::string& b) {
   return a1 != b1 ? a1 < b1 : a2 < b2;
 }
 
-// Class items for the characters with property `name` that ICU knows but PCRE2's older tables do
-// not (assigned after PCRE2's Unicode version). Empty when PCRE2 is as new as ICU or ICU does not
-// know the name.
-std::string newer_property_items(const std::string& name) {
+using Ranges = std::vector<std::pair<char32_t, char32_t>>;
+
+// The code points with property `name` (an ICU set expression such as "L" or "^Cn") that ICU
+// knows but PCRE2's older tables do not (assigned after PCRE2's Unicode version). Empty when PCRE2
+// is as new as ICU or ICU does not know the name.
+const Ranges& newer_ranges(const std::string& name) {
   static std::mutex mu;
-  static std::map<std::string, std::string> cache;
+  static std::map<std::string, Ranges> cache;
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = cache.find(name); it != cache.end()) return it->second;
-  std::string items;
+  Ranges ranges;
   UVersionInfo icu{};
   u_getUnicodeVersion(icu);
   const std::string icu_version = std::to_string(icu[0]) + "." + std::to_string(icu[1]);
@@ -64,28 +69,37 @@ std::string newer_property_items(const std::string& name) {
     USet* set = uset_openPattern(reinterpret_cast<const UChar*>(wide.data()), static_cast<int32_t>(wide.size()), &status);
     if (U_SUCCESS(status) && set != nullptr) {
       const int32_t n = uset_getItemCount(set);
-      char buf[48];
       for (int32_t i = 0; i < n; ++i) {
         UChar32 lo = 0, hi = 0;
         UErrorCode st = U_ZERO_ERROR;
         if (uset_getItem(set, i, &lo, &hi, nullptr, 0, &st) != 0 || U_FAILURE(st)) continue;  // strings: none here
-        std::snprintf(buf, sizeof(buf), "\\x{%X}-\\x{%X}", static_cast<unsigned>(lo), static_cast<unsigned>(hi));
-        items += buf;
+        ranges.emplace_back(static_cast<char32_t>(lo), static_cast<char32_t>(hi));
       }
     }
     if (set != nullptr) uset_close(set);
   }
-  cache.emplace(name, items);
+  return cache.emplace(name, std::move(ranges)).first->second;  // std::map keeps references valid
+}
+
+// newer_ranges(name) as PCRE2 class items.
+std::string newer_property_items(const std::string& name) {
+  std::string items;
+  char buf[48];
+  for (const auto& [lo, hi] : newer_ranges(name)) {
+    std::snprintf(buf, sizeof(buf), "\\x{%X}-\\x{%X}", static_cast<unsigned>(lo), static_cast<unsigned>(hi));
+    items += buf;
+  }
   return items;
 }
 
 }  // namespace
 
-std::string translate_onig_pattern(std::string_view p) {
+std::string translate_onig_pattern(std::string_view p, bool newer_unicode) {
   std::string out;
   out.reserve(p.size() + 64);
   bool in_class = false;
   bool class_start = false;  // just after '[' or '[^': a ']' here is literal
+  std::string class_extra;   // newer-Unicode items for the open class
   for (size_t i = 0; i < p.size(); ++i) {
     char c = p[i];
     if (c == '\\' && i + 1 < p.size()) {
@@ -112,13 +126,14 @@ std::string translate_onig_pattern(std::string_view p) {
           if (name_end == std::string_view::npos) name_end = name_begin;  // malformed: PCRE2 reports it
         }
         const std::string name(p.substr(name_begin, name_end - name_begin));
-        const std::string extra = name.empty() || name[0] == '^' ? std::string() : newer_property_items(name);
+        const std::string extra =
+            !newer_unicode || name.empty() || name[0] == '^' ? std::string() : newer_property_items(name);
         const std::string_view original = p.substr(i - 1, (p[i + 1] == '{' ? name_end + 1 : name_end) - (i - 1));
         if (extra.empty() || (e == 'P' && in_class)) {
           out += original;
         } else if (in_class) {
           out += original;
-          out += extra;
+          class_extra += extra;  // emitted at the class end, after the cheaper items
         } else {
           out += e == 'p' ? "[" : "[^";
           out += "\\p";
@@ -140,7 +155,11 @@ std::string translate_onig_pattern(std::string_view p) {
       continue;
     }
     if (in_class) {
-      if (c == ']' && !class_start) in_class = false;
+      if (c == ']' && !class_start) {
+        in_class = false;
+        out += class_extra;
+        class_extra.clear();
+      }
       class_start = class_start && c == '^' && out.back() == '[';
     } else if (c == '[') {
       in_class = true;
@@ -151,8 +170,9 @@ std::string translate_onig_pattern(std::string_view p) {
   return out;
 }
 
-Regex::Regex(std::string_view pattern, const std::string& origin) : origin_(origin) {
-  std::string translated = translate_onig_pattern(pattern);
+namespace {
+
+pcre2_code* compile(const std::string& translated, std::string_view pattern, const std::string& origin, bool* jit) {
   int err = 0;
   PCRE2_SIZE err_offset = 0;
   auto* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
@@ -161,11 +181,43 @@ Regex::Regex(std::string_view pattern, const std::string& origin) : origin_(orig
     throw Error(origin + ": regex " + std::string(pattern) + " does not compile (" + pcre2_message(err) +
                 " at offset " + std::to_string(err_offset) + ")");
   }
-  code_ = code;
-  jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
+  *jit = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
+  return code;
 }
 
-Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+}  // namespace
+
+bool Regex::has_newer_chars(std::string_view text) {
+  static const Ranges& ranges = newer_ranges("^Cn");  // every assigned code point PCRE2 lacks
+  if (ranges.empty()) return false;
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  const char32_t lowest = ranges.front().first;
+  for (size_t i = 0; i < n;) {
+    if (p[i] < 0xE0) {  // below U+0800: nothing there is newer than Unicode 14
+      ++i;
+      continue;
+    }
+    char32_t cp = 0;
+    i += static_cast<size_t>(utf8::decode_valid(p + i, &cp));
+    if (cp < lowest) continue;
+    auto it = std::upper_bound(ranges.begin(), ranges.end(), std::make_pair(cp, char32_t{0x10FFFF}));
+    if (it != ranges.begin() && cp <= std::prev(it)->second) return true;
+  }
+  return false;
+}
+
+Regex::Regex(std::string_view pattern, const std::string& origin) : origin_(origin) {
+  const std::string full = translate_onig_pattern(pattern, true);
+  code_ = compile(full, pattern, origin, &jit_);
+  const std::string plain = translate_onig_pattern(pattern, false);
+  if (plain != full) plain_code_ = compile(plain, pattern, origin, &plain_jit_);
+}
+
+Regex::~Regex() {
+  pcre2_code_free(static_cast<pcre2_code*>(code_));
+  if (plain_code_) pcre2_code_free(static_cast<pcre2_code*>(plain_code_));
+}
 
 Regex::Matcher::Matcher(const Regex& re) : re_(re) {
   match_data_ = pcre2_match_data_create_from_pattern(static_cast<pcre2_code*>(re.code_), nullptr);
@@ -178,13 +230,15 @@ Regex::Matcher::~Matcher() {
   pcre2_match_data_free(static_cast<pcre2_match_data*>(match_data_));
 }
 
-bool Regex::Matcher::find(std::string_view subject, size_t offset, size_t* begin, size_t* end) {
-  auto* code = static_cast<pcre2_code*>(re_.code_);
+bool Regex::Matcher::find(std::string_view subject, size_t offset, size_t* begin, size_t* end, bool newer) {
+  const bool use_plain = !newer && re_.plain_code_ != nullptr;
+  auto* code = static_cast<pcre2_code*>(use_plain ? re_.plain_code_ : re_.code_);
+  const bool jit = use_plain ? re_.plain_jit_ : re_.jit_;
   auto* md = static_cast<pcre2_match_data*>(match_data_);
   auto* mctx = static_cast<pcre2_match_context*>(match_context_);
   const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
-  int rc = re_.jit_ ? pcre2_jit_match(code, s, subject.size(), offset, 0, md, mctx)
-                    : pcre2_match(code, s, subject.size(), offset, PCRE2_NO_UTF_CHECK, md, mctx);
+  int rc = jit ? pcre2_jit_match(code, s, subject.size(), offset, 0, md, mctx)
+               : pcre2_match(code, s, subject.size(), offset, PCRE2_NO_UTF_CHECK, md, mctx);
   if (rc == PCRE2_ERROR_JIT_STACKLIMIT && jit_stack_ == nullptr) {
     // The default 32 KiB JIT stack ran out: retry once with a large private one.
     mctx = pcre2_match_context_create(nullptr);

@@ -119,6 +119,10 @@ TEST(TokenizerParts, OnigurumaEscapesRewritten) {
   Regex::Matcher nm(not_letters);
   EXPECT_FALSE(nm.find("\U00031350", 0, &b, &e));
   EXPECT_TRUE(nm.find("1 .", 0, &b, &e));
+  // Such text is detected so that only it pays for the longer classes.
+  EXPECT_FALSE(Regex::has_newer_chars("plain text, 中文, Ελληνικά, 😀"));
+  EXPECT_TRUE(Regex::has_newer_chars("x \U00031350"));
+  EXPECT_FALSE(lm.find("a\U00031350", 0, &b, &e, /*newer=*/false));  // the plain variant lacks them
 }
 
 TEST(TokenizerParts, AddedTokenFlags) {
