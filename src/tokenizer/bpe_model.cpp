@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <climits>
-#include <queue>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -189,22 +189,29 @@ void BpeModel::encode_word_heap(std::string_view bytes, std::vector<int32_t>& ou
     int32_t rank, pos;
     bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
-  std::vector<int32_t> ids(bytes.size());
+  // Per-thread scratch: long words (CJK runs, whitespace runs) are common enough to avoid mallocs.
+  thread_local std::vector<int32_t> ids;
+  thread_local std::vector<Sym> syms;
+  thread_local std::vector<Cand> heap;
+  ids.resize(bytes.size());
   const size_t m = initial_ids(bytes, ids.data());
   if (m == 0) return;
-  std::vector<Sym> syms(m);
-  std::vector<Cand> heap_storage;
-  heap_storage.reserve(m);
-  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap(std::greater<Cand>(),
-                                                                         std::move(heap_storage));
+  syms.resize(m);
+  heap.clear();
+  const auto push = [](Cand c) {
+    heap.push_back(c);
+    std::push_heap(heap.begin(), heap.end(), std::greater<Cand>());
+  };
   for (size_t i = 0; i < m; ++i) {
     syms[i] = Sym{ids[i], static_cast<int32_t>(i) - 1, i + 1 < m ? static_cast<int32_t>(i + 1) : -1};
     if (i + 1 < m)
-      if (const MergeEntry* e = find_merge(ids[i], ids[i + 1])) heap.push(Cand{e->rank, static_cast<int32_t>(i)});
+      if (const MergeEntry* e = find_merge(ids[i], ids[i + 1])) heap.push_back(Cand{e->rank, static_cast<int32_t>(i)});
   }
+  std::make_heap(heap.begin(), heap.end(), std::greater<Cand>());
   while (!heap.empty()) {
-    const Cand c = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), std::greater<Cand>());
+    const Cand c = heap.back();
+    heap.pop_back();
     Sym& s = syms[static_cast<size_t>(c.pos)];
     if (s.id < 0 || s.next < 0) continue;
     Sym& right = syms[static_cast<size_t>(s.next)];
@@ -215,11 +222,16 @@ void BpeModel::encode_word_heap(std::string_view bytes, std::vector<int32_t>& ou
     s.next = right.next;
     if (s.next >= 0) syms[static_cast<size_t>(s.next)].prev = c.pos;
     if (s.prev >= 0)
-      if (const MergeEntry* l = find_merge(syms[static_cast<size_t>(s.prev)].id, s.id)) heap.push(Cand{l->rank, s.prev});
+      if (const MergeEntry* l = find_merge(syms[static_cast<size_t>(s.prev)].id, s.id)) push(Cand{l->rank, s.prev});
     if (s.next >= 0)
-      if (const MergeEntry* r = find_merge(s.id, syms[static_cast<size_t>(s.next)].id)) heap.push(Cand{r->rank, c.pos});
+      if (const MergeEntry* r = find_merge(s.id, syms[static_cast<size_t>(s.next)].id)) push(Cand{r->rank, c.pos});
   }
   for (int32_t i = 0; i >= 0; i = syms[static_cast<size_t>(i)].next) out.push_back(syms[static_cast<size_t>(i)].id);
+  if (ids.capacity() > (size_t{1} << 20)) {  // do not keep a huge word's scratch around
+    std::vector<int32_t>().swap(ids);
+    std::vector<Sym>().swap(syms);
+    std::vector<Cand>().swap(heap);
+  }
 }
 
 }  // namespace di

@@ -188,11 +188,19 @@ pcre2_code* compile(const std::string& translated, std::string_view pattern, con
 }  // namespace
 
 bool Regex::has_newer_chars(std::string_view text) {
-  static const Ranges& ranges = newer_ranges("^Cn");  // every assigned code point PCRE2 lacks
-  if (ranges.empty()) return false;
+  // Newer BMP code points as a bitmap; astral ones by binary search over the ranges.
+  struct Table {
+    const Ranges& ranges = newer_ranges("^Cn");  // every assigned code point PCRE2 lacks
+    std::vector<uint64_t> bmp = std::vector<uint64_t>(65536 / 64, 0);
+    Table() {
+      for (const auto& [lo, hi] : ranges)
+        for (char32_t c = lo; c <= hi && c < 65536; ++c) bmp[c >> 6] |= uint64_t{1} << (c & 63);
+    }
+  };
+  static const Table table;
+  if (table.ranges.empty()) return false;
   const auto* p = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();
-  const char32_t lowest = ranges.front().first;
   for (size_t i = 0; i < n;) {
     if (p[i] < 0xE0) {  // below U+0800: nothing there is newer than Unicode 14
       ++i;
@@ -200,9 +208,13 @@ bool Regex::has_newer_chars(std::string_view text) {
     }
     char32_t cp = 0;
     i += static_cast<size_t>(utf8::decode_valid(p + i, &cp));
-    if (cp < lowest) continue;
-    auto it = std::upper_bound(ranges.begin(), ranges.end(), std::make_pair(cp, char32_t{0x10FFFF}));
-    if (it != ranges.begin() && cp <= std::prev(it)->second) return true;
+    if (cp < 65536) {
+      if ((table.bmp[cp >> 6] >> (cp & 63)) & 1) return true;
+      continue;
+    }
+    const auto& r = table.ranges;
+    auto it = std::upper_bound(r.begin(), r.end(), std::make_pair(cp, char32_t{0x10FFFF}));
+    if (it != r.begin() && cp <= std::prev(it)->second) return true;
   }
   return false;
 }
