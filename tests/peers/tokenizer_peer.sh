@@ -10,7 +10,7 @@ set -euo pipefail
 DEEPINFER=$(realpath "$1")
 TESTS=$(realpath "$2")
 JS="$TESTS/peers/js"
-COUNT=${TOKENIZER_PEER_RANDOM:-1500}
+COUNT=${TOKENIZER_PEER_RANDOM:-3000}
 SEED=${TOKENIZER_PEER_SEED:-$(( ($(date +%s%N) / 1000) % 4294967296 ))}
 
 if [ ! -d "$JS/node_modules/@lenml/tokenizers" ]; then
