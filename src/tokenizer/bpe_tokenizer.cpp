@@ -82,6 +82,7 @@ BpeTokenizer::BpeTokenizer(const nlohmann::json& tok, const nlohmann::json& conf
       t.rstrip = flag(a, "rstrip", where);
       t.single_word = flag(a, "single_word", where);
       t.normalized = flag(a, "normalized", where);
+      added_ids_.emplace(t.content, t.id);
       added_.push_back(t);
       max_id = std::max<int64_t>(max_id, t.id);
     }
@@ -208,9 +209,9 @@ std::string BpeTokenizer::token_bytes(int32_t id) const {
 }
 
 std::optional<int32_t> BpeTokenizer::token_to_id(std::string_view token) const {
-  for (const AddedToken& t : added_)
-    if (t.content == token) return t.id;
-  auto it = model_->vocab().find(std::string(token));
+  const std::string key(token);
+  if (auto a = added_ids_.find(key); a != added_ids_.end()) return a->second;
+  auto it = model_->vocab().find(key);
   if (it != model_->vocab().end()) return it->second;
   return std::nullopt;
 }

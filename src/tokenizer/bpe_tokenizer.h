@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -44,6 +45,7 @@ class BpeTokenizer final : public Tokenizer {
   std::unique_ptr<PreTokenizer> pre_;
   std::unique_ptr<AddedTokenSplitter> splitter_;
   std::vector<AddedToken> added_;           // as listed in the file
+  std::unordered_map<std::string, int32_t> added_ids_;  // content -> id (first listed wins)
   std::vector<std::string> token_bytes_;    // [vocab_size] raw bytes per id ("" for unused ids)
   std::vector<uint8_t> special_;            // [vocab_size] 1 for special added tokens
   int32_t bos_id_ = -1;
