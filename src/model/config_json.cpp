@@ -26,7 +26,9 @@ std::string value_text(double v) {
   return buf;
 }
 std::string value_text(bool v) { return v ? "true" : "false"; }
-std::string value_text(const std::string& v) { return nlohmann::json(v).dump(); }
+std::string value_text(const std::string& v) {
+  return nlohmann::json(v).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 std::string value_text(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) {

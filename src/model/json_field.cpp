@@ -42,9 +42,11 @@ std::string describe_json(const nlohmann::json& v) {
     case nlohmann::json::value_t::object:
       return "an object";
     case nlohmann::json::value_t::string: {
+      // Cutting may split a UTF-8 sequence: dump with replacement instead of throwing.
       const std::string& s = v.get_ref<const std::string&>();
-      if (s.size() > 60) return nlohmann::json(s.substr(0, 60)).dump() + "...";
-      return v.dump();
+      const auto replace = nlohmann::json::error_handler_t::replace;
+      if (s.size() > 60) return nlohmann::json(s.substr(0, 60)).dump(-1, ' ', false, replace) + "...";
+      return v.dump(-1, ' ', false, replace);
     }
     default:
       return v.dump();  // scalar: short

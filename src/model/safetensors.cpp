@@ -35,9 +35,11 @@ constexpr DTypeInfo kDTypes[] = {
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit
 constexpr size_t kMaxRank = 8;
 
+// A name for an error message: JSON-quoted, long names cut, broken UTF-8 replaced (never throws).
 std::string quote_name(std::string_view s) {
-  if (s.size() > 200) return nlohmann::json(std::string(s.substr(0, 200))).dump() + "...";
-  return nlohmann::json(std::string(s)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const auto replace = nlohmann::json::error_handler_t::replace;
+  if (s.size() > 200) return nlohmann::json(std::string(s.substr(0, 200))).dump(-1, ' ', false, replace) + "...";
+  return nlohmann::json(std::string(s)).dump(-1, ' ', false, replace);
 }
 
 // One header entry while it is being parsed.
