@@ -15,6 +15,12 @@
 
 namespace di {
 
+// How top-k selections break exact ties (index scores are bf16, so ties are common).
+enum class TieBreak : uint8_t {
+  kTorch,        // the elements torch.topk picks on the CPU (depends on the row's width)
+  kLowestIndex,  // the lowest index first: independent of width, so of chunking
+};
+
 struct RopeTable {
   std::vector<float> freqs;  // [rope_dim / 2] fp32 angular frequencies (YaRN already blended)
 };
@@ -99,10 +105,11 @@ class Backend {
   // block pinned, keep the top `topk_blocks` finite blocks; scores outside them -> -inf in
   // `restrict_scores` (when given). Returns the mask [S, T] U8.
   virtual Tensor select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks,
-                                   int block_size) = 0;
+                                   int block_size, TieBreak ties) = 0;
   virtual void mask_scores(Tensor& scores, const Tensor& keep_mask) = 0;
   // Top-k per row, indices ascending; entries >= visible[s] -> -1; kept entries + offset. [S, k] I32.
-  virtual Tensor topk_indices(const Tensor& scores, int k, const std::vector<int64_t>& visible, int offset) = 0;
+  virtual Tensor topk_indices(const Tensor& scores, int k, const std::vector<int64_t>& visible, int offset,
+                              TieBreak ties) = 0;
 
   // --- MoE --------------------------------------------------------------------------------------
   virtual MoeRoute moe_route(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,

@@ -24,7 +24,7 @@ std::filesystem::path default_model_dir() {
 }
 
 int cmd_generate(const Argv& argv) {
-  Args args(argv, {"model", "prompt", "max-tokens", "temperature", "top-p", "top-k", "seed", "device"}, {"chat"});
+  Args args(argv, {"model", "prompt", "max-tokens", "temperature", "top-p", "top-k", "seed", "device"}, {"chat", "no-reference-quirks"});
   std::filesystem::path dir = args.get_or("model", default_model_dir().string());
   std::string prompt = args.get("prompt");
   long long max_tokens = args.get_int_or("max-tokens", 64);
@@ -37,7 +37,9 @@ int cmd_generate(const Argv& argv) {
   Sampler sampler(sp);
 
   std::unique_ptr<Backend> backend = make_backend(args.get_or("device", "cpu"));
-  std::unique_ptr<Model> model = Model::load(dir, *backend);
+  ModelOptions opts;
+  opts.reference_decode_quirks = !args.flag("no-reference-quirks");
+  std::unique_ptr<Model> model = Model::load(dir, *backend, opts);
   std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir);
   std::vector<int32_t> ids;
   if (args.flag("chat")) {

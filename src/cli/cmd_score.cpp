@@ -26,7 +26,7 @@ void write_f32(const std::string& path, const std::vector<float>& v) {
 }  // namespace
 
 int cmd_score(const Argv& argv) {
-  Args args(argv, {"model", "prompt-ids", "forced-ids", "out", "chunk", "draft-out", "device"}, {"allow-unexpected"});
+  Args args(argv, {"model", "prompt-ids", "forced-ids", "out", "chunk", "draft-out", "device"}, {"allow-unexpected", "no-reference-quirks"});
   std::vector<int> prompt = parse_int_list("prompt-ids", args.get("prompt-ids"));
   std::vector<int> forced = parse_int_list("forced-ids", args.get_or("forced-ids", ""));
   long long chunk = args.get_int_or("chunk", 0);
@@ -34,6 +34,7 @@ int cmd_score(const Argv& argv) {
   std::unique_ptr<Backend> backend = make_backend(args.get_or("device", "cpu"));
   ModelOptions opts;
   opts.allow_unexpected_tensors = args.flag("allow-unexpected");
+  opts.reference_decode_quirks = !args.flag("no-reference-quirks");
   std::unique_ptr<Model> model = Model::load(args.get("model"), *backend, opts);
   auto draft_prefix = args.get_opt("draft-out");
   ScoreResult r = run_score(*model, prompt, forced, chunk, draft_prefix.has_value());

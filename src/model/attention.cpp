@@ -189,7 +189,8 @@ void Model::compressed_branch(int layer, const Tensor& x, const Tensor& qr, cons
       // (decode at an even position) publishes nothing, so it scores against the keys of the last
       // emitting layer -- on V4.1 the ratio-1 layer 20 of the previous step. Reproduced here so that
       // decode matches the official implementation.
-      int keys_layer = state.index_keys_layer >= 0 ? state.index_keys_layer : ls.kv_source;
+      int keys_layer =
+          options_.reference_decode_quirks && state.index_keys_layer >= 0 ? state.index_keys_layer : ls.kv_source;
       const LayerCache& key_src = state.layers[keys_layer];
       DI_CHECK(key_src.n_comp >= compress_len);
       Tensor keys = be.unpack_rows(key_src.index_keys, RowFormat::kFp4Ue8m0, ihd, iota_slots(0, compress_len));
@@ -198,17 +199,19 @@ void Model::compressed_branch(int layer, const Tensor& x, const Tensor& qr, cons
       be.qdq(qi, RowFormat::kFp4Ue8m0);
       Tensor wts = be.linear(x, a.idx_weights_proj);  // [n, nIH]
       be.scale_bf16(wts, static_cast<float>(std::pow(ihd, -0.5) * std::pow(cfg_.index_n_heads, -0.5)));
+      const TieBreak ties = options_.reference_decode_quirks ? TieBreak::kTorch : TieBreak::kLowestIndex;
       std::vector<int64_t> visible(n);
       for (int64_t i = 0; i < n; ++i) visible[i] = (positions[i] + 1) / ratio;
       Tensor scores = be.index_scores(qi, cfg_.index_n_heads, keys, wts, visible);
       if (ls.is_candidate_source) {
-        scratch.candidates = be.select_candidates(scores, visible, cfg_.candidate_topk_blocks, cfg_.candidate_block_size);
+        scratch.candidates =
+            be.select_candidates(scores, visible, cfg_.candidate_topk_blocks, cfg_.candidate_block_size, ties);
       } else if (ls.uses_candidates) {
         DI_CHECK(!scratch.candidates.empty());
         be.mask_scores(scores, scratch.candidates);
       }
       int k = static_cast<int>(std::min<int64_t>(cfg_.index_topk, compress_len));
-      idx = be.topk_indices(scores, k, visible, offset);
+      idx = be.topk_indices(scores, k, visible, offset, ties);
     }
     scratch.topk[layer] = idx;
   } else {

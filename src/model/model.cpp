@@ -5,8 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <fstream>
 
 #include "core/error.h"
 #include "model/model_scratch.h"
@@ -29,10 +27,9 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& ba
   std::unique_ptr<Checkpoint> ckpt = Checkpoint::open(dir);
 #ifdef DI_HAVE_VALIDATE
   validate_checkpoint(cfg, *ckpt, options.allow_unexpected_tensors);
-#else
-  (void)options;
 #endif
   std::unique_ptr<Model> m(new Model(cfg, std::move(ckpt), backend));
+  m->options_ = options;
   m->w_ = bind_model_weights(m->cfg_, *m->ckpt_, backend);
   for (const LayerSchedule& ls : m->cfg_.layers) m->rope_.push_back(rope_table_for(ls, m->cfg_));
   m->engram_ = make_engram_layout(m->cfg_);
@@ -82,8 +79,7 @@ Tensor Model::engram(int layer, const Tensor& h, const Tensor& cols) {
 }
 
 Tensor Model::block(int layer, const Tensor& h, Tensor& pre_mix, const std::vector<int64_t>& positions,
-                    SequenceState& state, ForwardScratch& scratch, const Tensor* dspark_main_x) {
-  (void)dspark_main_x;
+                    SequenceState& state, ForwardScratch& scratch, const ForwardHooks* hooks) {
   const LayerWeights& lw = w_.layers[layer];
   const int hc = cfg_.hc_mult;
   const float eps = static_cast<float>(cfg_.norm_eps), hc_eps = static_cast<float>(cfg_.hc_eps);
@@ -93,17 +89,20 @@ Tensor Model::block(int layer, const Tensor& h, Tensor& pre_mix, const std::vect
   Tensor x = backend_.rmsnorm(backend_.hc_pre(h, pre_mix, hc), lw.attn_norm, eps);
   Tensor y = cfg_.layers[layer].is_dspark ? dspark_attention(layer, x, positions, state)
                                           : attention(layer, x, positions, state, scratch);
+  if (hooks && hooks->after_attention) hooks->after_attention(layer, y);
   Tensor h1 = backend_.hc_post(y, h, a_mix, hc);
   // FFN site
   Tensor f_mix = backend_.hc_mixes(h1, hc, lw.hc_ffn_fn, lw.hc_ffn_scale, lw.hc_ffn_base, eps,
                                    cfg_.hc_sinkhorn_iters, hc_eps);
   x = backend_.rmsnorm(backend_.hc_pre(h1, a_mix, hc), lw.ffn_norm, eps);
   y = moe(layer, x);
+  if (hooks && hooks->after_ffn) hooks->after_ffn(layer, y);
   pre_mix = f_mix;
   return backend_.hc_post(y, h1, f_mix, hc);
 }
 
-ForwardResult Model::forward(SequenceState& state, const std::vector<int32_t>& ids, bool all_logits) {
+ForwardResult Model::forward(SequenceState& state, const std::vector<int32_t>& ids, bool all_logits,
+                             const ForwardHooks* hooks) {
   DI_CHECK(!ids.empty());
   const int64_t n = static_cast<int64_t>(ids.size()), start = state.n_tokens;
   if (start + n > cfg_.max_position)
@@ -137,17 +136,15 @@ ForwardResult Model::forward(SequenceState& state, const std::vector<int32_t>& i
   std::vector<Tensor> taps;
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const LayerSchedule& ls = cfg_.layers[l];
-    if (ls.engram_slot >= 0) h = engram(l, h, engram_cols[ls.engram_slot]);
-    if (ls.dspark_tap >= 0) taps.push_back(backend_.stream_mean(h, cfg_.hc_mult));  // attention input
-    h = block(l, h, pre, positions, state, scratch, nullptr);
-    if (const char* dir = std::getenv("DEEPINFER_DUMP_DIR")) {  // debugging aid: hidden states per block
-      std::vector<float> v = backend_.to_host_f32(h);
-      std::ofstream(std::string(dir) + "/f" + std::to_string(state.n_forwards) + "_l" + std::to_string(l) + ".f32",
-                    std::ios::binary)
-          .write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+    if (hooks && hooks->before_layer) hooks->before_layer(l, h, pre);
+    if (ls.engram_slot >= 0) {
+      h = engram(l, h, engram_cols[ls.engram_slot]);
+      if (hooks && hooks->after_engram) hooks->after_engram(l, h);
     }
+    if (ls.dspark_tap >= 0) taps.push_back(backend_.stream_mean(h, cfg_.hc_mult));  // attention input
+    h = block(l, h, pre, positions, state, scratch, hooks);
+    if (hooks && hooks->after_block) hooks->after_block(l, h, pre);
   }
-  ++state.n_forwards;
   state.n_tokens += n;
   if (!taps.empty()) {
     result.features = taps[0];

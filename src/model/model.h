@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -27,8 +28,27 @@ struct DraftResult {
   std::vector<float> confidence;    // [block] confidence logits (before the sigmoid)
 };
 
+// Observation / injection points of one forward, for layer-by-layer tests against the reference.
+struct ForwardHooks {
+  // Before layer `layer` (before its Engram): may replace the residual streams and the pre mix.
+  std::function<void(int layer, Tensor& h, Tensor& pre_mix)> before_layer;
+  // After an Engram injection: the block's input (may be replaced).
+  std::function<void(int layer, Tensor& h)> after_engram;
+  // The attention and MoE sublayer outputs of a block ([n, D]).
+  std::function<void(int layer, const Tensor& y)> after_attention;
+  std::function<void(int layer, const Tensor& y)> after_ffn;
+  // After the block: its output streams and the FFN-site mixes it hands on.
+  std::function<void(int layer, const Tensor& h, const Tensor& mix)> after_block;
+};
+
 struct ModelOptions {
   bool allow_unexpected_tensors = false;
+  // The official reference's indexers read the index keys last published by any Full layer; in
+  // decode a ratio-2 layer whose group is still open publishes none and so scores against the
+  // ratio-1 source's keys of the previous step. On (default): reproduce the official decode exactly.
+  // Off: every layer scores against its own KV source's keys, and any chunking of a prompt --
+  // one-token decode included -- gives the same logits as one prefill.
+  bool reference_decode_quirks = true;
 };
 
 class Model {
@@ -45,7 +65,8 @@ class Model {
 
   // Runs `ids` at positions state.n_tokens.. (a prefill chunk or one decode token) and appends them
   // to the caches. all_logits: one row per token, else the last token's row only.
-  ForwardResult forward(SequenceState& state, const std::vector<int32_t>& ids, bool all_logits = false);
+  ForwardResult forward(SequenceState& state, const std::vector<int32_t>& ids, bool all_logits = false,
+                        const ForwardHooks* hooks = nullptr);
 
   // DSpark: writes the draft stages' window rows for the positions whose target features are given
   // (rows for positions state.dspark_seeded..), as the reference's prefill / per-step seeding.
@@ -59,7 +80,7 @@ class Model {
 
   struct ForwardScratch;  // per-forward shared attention state (top-k lists, candidates)
   Tensor block(int layer, const Tensor& h, Tensor& pre_mix, const std::vector<int64_t>& positions,
-               SequenceState& state, ForwardScratch& scratch, const Tensor* dspark_main_x);
+               SequenceState& state, ForwardScratch& scratch, const ForwardHooks* hooks);
   Tensor attention(int layer, const Tensor& x, const std::vector<int64_t>& positions, SequenceState& state,
                    ForwardScratch& scratch);
   Tensor dspark_attention(int layer, const Tensor& x, const std::vector<int64_t>& positions, SequenceState& state);
@@ -74,6 +95,7 @@ class Model {
   Tensor repeat_streams(const Tensor& x);
 
   ModelConfig cfg_;
+  ModelOptions options_;
   std::unique_ptr<Checkpoint> ckpt_;
   Backend& backend_;
   ModelWeights w_;

@@ -22,7 +22,6 @@ struct LayerCache {
 
 struct SequenceState {
   int64_t n_tokens = 0;                 // positions already in the caches
-  int64_t n_forwards = 0;               // forward calls so far
   std::vector<int32_t> engram_history;  // compressed ids of every position (Engram)
   std::vector<LayerCache> layers;       // backbone layers then DSpark stages
   int64_t dspark_seeded = 0;            // positions written into the DSpark rings

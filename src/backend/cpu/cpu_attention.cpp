@@ -109,7 +109,7 @@ Tensor CpuBackend::index_scores(const Tensor& q, int heads, const Tensor& keys, 
 }
 
 Tensor CpuBackend::select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks,
-                                     int block_size) {
+                                     int block_size, TieBreak ties) {
   int64_t s = scores.rows(), width = scores.row_size();
   int64_t n_blocks = (width + block_size - 1) / block_size;
   Tensor mask = zeros(TType::kU8, {s, width});
@@ -127,7 +127,11 @@ Tensor CpuBackend::select_candidates(const Tensor& scores, const std::vector<int
       int64_t last = visible[r] > 0 ? (visible[r] - 1) / block_size : -1;
       if (last >= 0 && last < n_blocks) bs[last] = std::numeric_limits<float>::infinity();
       int64_t keep = std::min<int64_t>(topk_blocks, n_blocks);
-      order = cpu::torch_topk_indices(bs.data(), n_blocks, keep);
+      // lowest-index ties only look at the blocks a query can reach, so the width does not matter
+      int64_t reach = last >= 0 ? std::min<int64_t>(n_blocks, last + 1) : 0;
+      order = ties == TieBreak::kTorch ? cpu::torch_topk_indices(bs.data(), n_blocks, keep)
+                                       : cpu::lowest_index_topk(bs.data(), reach, std::min(keep, reach));
+      keep = static_cast<int64_t>(order.size());
       for (int64_t k = 0; k < keep; ++k) {
         int64_t blk = order[k];
         if (!(bs[blk] > kNegInf)) continue;
@@ -145,16 +149,24 @@ void CpuBackend::mask_scores(Tensor& scores, const Tensor& keep_mask) {
     if (!keep_mask.u8()[i]) scores.f32()[i] = kNegInf;
 }
 
-Tensor CpuBackend::topk_indices(const Tensor& scores, int k, const std::vector<int64_t>& visible, int offset) {
+Tensor CpuBackend::topk_indices(const Tensor& scores, int k, const std::vector<int64_t>& visible, int offset,
+                                TieBreak ties) {
   int64_t s = scores.rows(), width = scores.row_size();
   DI_CHECK(k <= width);
   Tensor out = alloc(TType::kI32, {s, k});
   parallel_for(s, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
-      std::vector<int64_t> order = cpu::torch_topk_indices(scores.f32() + r * width, width, k);
+      std::vector<int64_t> order;
+      if (ties == TieBreak::kTorch) {
+        order = cpu::torch_topk_indices(scores.f32() + r * width, width, k);
+      } else {  // only visible positions can be picked; the rest of the row stays -1
+        order = cpu::lowest_index_topk(scores.f32() + r * width, std::min<int64_t>(visible[r], width),
+                                       std::min<int64_t>(k, std::min<int64_t>(visible[r], width)));
+      }
       std::sort(order.begin(), order.end());
       for (int i = 0; i < k; ++i)
-        out.i32()[r * k + i] = order[i] < visible[r] ? static_cast<int32_t>(order[i] + offset) : -1;
+        out.i32()[r * k + i] =
+            i < static_cast<int>(order.size()) && order[i] < visible[r] ? static_cast<int32_t>(order[i] + offset) : -1;
     }
   });
   return out;

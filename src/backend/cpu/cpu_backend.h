@@ -46,9 +46,10 @@ class CpuBackend final : public Backend {
   Tensor index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
                       const std::vector<int64_t>& visible) override;
   Tensor select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks,
-                           int block_size) override;
+                           int block_size, TieBreak ties) override;
   void mask_scores(Tensor& scores, const Tensor& keep_mask) override;
-  Tensor topk_indices(const Tensor& scores, int k, const std::vector<int64_t>& visible, int offset) override;
+  Tensor topk_indices(const Tensor& scores, int k, const std::vector<int64_t>& visible, int offset,
+                      TieBreak ties) override;
 
   MoeRoute moe_route(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
                      float gate_temp) override;
@@ -67,6 +68,8 @@ void weight_row_f32(const Weight& w, int64_t r, float* out);
 // Element i of a small F32/BF16 vector weight (norm weights, biases, sinks, hc scales).
 float weight_at(const Weight& w, int64_t i);
 float dot(const float* a, const float* b, int64_t n);
+// Dot product accumulated in double (fp32 GEMMs of the reference: mHC mixes, router, head).
+double dot_f64(const float* a, const float* b, int64_t n);
 }  // namespace cpu
 
 }  // namespace di

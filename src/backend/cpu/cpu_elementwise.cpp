@@ -129,7 +129,7 @@ Tensor CpuBackend::hc_mixes(const Tensor& x, int hc, const Weight& fn, const Wei
     for (int64_t r = b; r < e; ++r) {
       const float* xr = x.f32() + r * n;
       float rs = 1.0f / std::sqrt(cpu::dot(xr, xr, n) / static_cast<float>(n) + norm_eps);
-      for (int j = 0; j < mix; ++j) m[j] = cpu::dot(xr, fnv.data() + j * n, n) * rs;
+      for (int j = 0; j < mix; ++j) m[j] = static_cast<float>(cpu::dot_f64(xr, fnv.data() + j * n, n)) * rs;
       float* o = out.f32() + r * mix;
       for (int k = 0; k < hc; ++k) o[k] = sigmoid(m[k] * sc[0] + bs[k]) + hc_eps;
       for (int k = 0; k < hc; ++k) o[hc + k] = 2.0f * sigmoid(m[hc + k] * sc[1] + bs[hc + k]);

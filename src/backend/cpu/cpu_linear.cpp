@@ -88,7 +88,10 @@ Tensor float_linear(CpuBackend& be, const Tensor& x, const Weight& w, bool bf16_
     for (int64_t o = b; o < e; ++o) {
       cpu::weight_row_f32(w, o, wv.data());
       for (int64_t r = 0; r < s; ++r) {
-        float acc = cpu::dot(x.f32() + r * k, wv.data(), k);
+        // bf16 GEMMs round to bf16 (fp32 order rarely matters); fp32 GEMMs are summed exactly and
+        // rounded once, so the result does not depend on a summation order (see tests/golden).
+        float acc = bf16_out ? cpu::dot(x.f32() + r * k, wv.data(), k)
+                             : static_cast<float>(cpu::dot_f64(x.f32() + r * k, wv.data(), k));
         y.f32()[r * n + o] = bf16_out ? quant::round_bf16(acc) : acc;
       }
     }

@@ -28,4 +28,15 @@ inline std::vector<int64_t> torch_topk_indices(const float* values, int64_t n, i
   return out;
 }
 
+// The k largest, ties to the lowest index (a total order, so independent of the row's width).
+inline std::vector<int64_t> lowest_index_topk(const float* values, int64_t n, int64_t k) {
+  std::vector<int64_t> order(n);
+  for (int64_t j = 0; j < n; ++j) order[j] = j;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
+    return values[a] > values[b] || (values[a] == values[b] && a < b);
+  });
+  order.resize(k);
+  return order;
+}
+
 }  // namespace di::cpu
