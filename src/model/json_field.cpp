@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -20,6 +21,8 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& file) {
 }
 
 std::string read_text_file(const std::string& path, uint64_t max_bytes) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw Error(path + ": missing or not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open file");
   in.seekg(0, std::ios::end);
