@@ -1,0 +1,131 @@
+// CUDA backend: device, memory, transfers, weight upload.
+#include <cstring>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+
+namespace di {
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+namespace {
+
+size_t elem_size(TType t) { return t == TType::kU8 ? 1 : 4; }
+
+std::shared_ptr<void> device_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes > 0) {
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess)
+      throw Error("GPU out of memory allocating " + std::to_string(bytes) + " bytes: " + cudaGetErrorString(err));
+  }
+  return std::shared_ptr<void>(p, [](void* q) {
+    if (q) cudaFree(q);
+  });
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) throw Error("--device cuda: no CUDA device found");
+  cudaDeviceProp prop{};
+  DI_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major != 9)
+    throw Error(std::string("--device cuda: this build targets Hopper (sm_90a); found ") + prop.name + " (sm_" +
+                std::to_string(prop.major) + std::to_string(prop.minor) + ")");
+}
+
+CudaBackend::~CudaBackend() = default;
+
+Tensor CudaBackend::alloc(TType type, const std::vector<int64_t>& shape) {
+  Tensor t;
+  t.type = type;
+  t.shape = shape;
+  t.storage = device_alloc(static_cast<size_t>(t.numel()) * elem_size(type));
+  t.data = t.storage.get();
+  return t;
+}
+
+Tensor CudaBackend::zeros(TType type, const std::vector<int64_t>& shape) {
+  Tensor t = alloc(type, shape);
+  if (t.numel()) DI_CUDA_CHECK(cudaMemset(t.data, 0, static_cast<size_t>(t.numel()) * elem_size(type)));
+  return t;
+}
+
+Tensor CudaBackend::from_host_f32(const std::vector<float>& v, const std::vector<int64_t>& shape) {
+  Tensor t = alloc(TType::kF32, shape);
+  DI_CHECK(static_cast<int64_t>(v.size()) == t.numel());
+  if (!v.empty()) DI_CUDA_CHECK(cudaMemcpy(t.data, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  return t;
+}
+
+Tensor CudaBackend::from_host_i32(const std::vector<int32_t>& v, const std::vector<int64_t>& shape) {
+  Tensor t = alloc(TType::kI32, shape);
+  DI_CHECK(static_cast<int64_t>(v.size()) == t.numel());
+  if (!v.empty()) DI_CUDA_CHECK(cudaMemcpy(t.data, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  return t;
+}
+
+std::vector<float> CudaBackend::to_host_f32(const Tensor& t) {
+  DI_CHECK(t.type == TType::kF32);
+  std::vector<float> v(t.numel());
+  if (!v.empty()) DI_CUDA_CHECK(cudaMemcpy(v.data(), t.data, v.size() * 4, cudaMemcpyDeviceToHost));
+  return v;
+}
+
+std::vector<int32_t> CudaBackend::to_host_i32(const Tensor& t) {
+  DI_CHECK(t.type == TType::kI32);
+  std::vector<int32_t> v(t.numel());
+  if (!v.empty()) DI_CUDA_CHECK(cudaMemcpy(v.data(), t.data, v.size() * 4, cudaMemcpyDeviceToHost));
+  return v;
+}
+
+void CudaBackend::copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t s0, int64_t n) {
+  DI_CHECK(dst.type == src.type && dst.row_size() == src.row_size());
+  DI_CHECK(d0 >= 0 && s0 >= 0 && d0 + n <= dst.rows() && s0 + n <= src.rows());
+  size_t rb = static_cast<size_t>(src.row_size()) * elem_size(src.type);
+  if (n > 0)
+    DI_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(dst.data) + d0 * rb, static_cast<uint8_t*>(src.data) + s0 * rb,
+                             n * rb, cudaMemcpyDeviceToDevice));
+}
+
+Tensor CudaBackend::concat_cols(const Tensor& a, const Tensor& b) {
+  DI_CHECK(a.type == TType::kF32 && b.type == TType::kF32 && a.rows() == b.rows());
+  int64_t ca = a.row_size(), cb = b.row_size();
+  Tensor out = alloc(TType::kF32, {a.rows(), ca + cb});
+  if (a.rows() == 0) return out;
+  DI_CUDA_CHECK(cudaMemcpy2D(out.f32(), (ca + cb) * 4, a.f32(), ca * 4, ca * 4, a.rows(), cudaMemcpyDeviceToDevice));
+  DI_CUDA_CHECK(cudaMemcpy2D(out.f32() + ca, (ca + cb) * 4, b.f32(), cb * 4, cb * 4, b.rows(), cudaMemcpyDeviceToDevice));
+  return out;
+}
+
+namespace cuda {
+
+int64_t weight_data_bytes(const Weight& w) {
+  switch (w.mode) {
+    case WeightMode::kFp8Block: return w.rows * w.cols;
+    case WeightMode::kFp4Expert: return w.rows * w.cols / 2;
+    default: return w.rows * w.cols * static_cast<int64_t>(dtype_size(w.dtype));
+  }
+}
+
+}  // namespace cuda
+
+void CudaBackend::prepare(Weight& w) {
+  // One device allocation: data bytes, then (FP8/FP4) the E8M0 scale bytes. Copied straight from
+  // the mmapped checkpoint, never staged through a second host copy.
+  int64_t data = cuda::weight_data_bytes(w);
+  int64_t scale = 0;
+  if (w.scale) {
+    int64_t scale_rows = w.mode == WeightMode::kFp8Block ? (w.rows + 31) / 32 : w.rows;
+    scale = scale_rows * w.scale_cols;
+  }
+  w.device = device_alloc(static_cast<size_t>(data + scale));
+  DI_CUDA_CHECK(cudaMemcpy(w.device.get(), w.data, data, cudaMemcpyHostToDevice));
+  if (scale)
+    DI_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(w.device.get()) + data, w.scale, scale, cudaMemcpyHostToDevice));
+  weight_bytes_ += data + scale;
+}
+
+}  // namespace di

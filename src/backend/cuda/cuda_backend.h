@@ -1,0 +1,72 @@
+// The CUDA backend for Hopper (sm_90a): the ops of backend.h on the GPU. Tensors hold device
+// memory; weights are uploaded once by prepare() (Weight::device), straight from the mmapped
+// checkpoint. Every op is tested against the CPU backend (tests/gpu).
+#pragma once
+
+#include "backend/backend.h"
+
+namespace di {
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend();
+  ~CudaBackend() override;
+  std::string name() const override { return "cuda"; }
+
+  Tensor alloc(TType type, const std::vector<int64_t>& shape) override;
+  Tensor zeros(TType type, const std::vector<int64_t>& shape) override;
+  Tensor from_host_f32(const std::vector<float>& v, const std::vector<int64_t>& shape) override;
+  Tensor from_host_i32(const std::vector<int32_t>& v, const std::vector<int64_t>& shape) override;
+  std::vector<float> to_host_f32(const Tensor& t) override;
+  std::vector<int32_t> to_host_i32(const Tensor& t) override;
+  void copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t s0, int64_t n) override;
+  Tensor concat_cols(const Tensor& a, const Tensor& b) override;
+  void prepare(Weight& w) override;
+
+  Tensor embed(const Tensor& ids, const Weight& table) override;
+  Tensor linear(const Tensor& x, const Weight& w) override;
+  Tensor grouped_linear(const Tensor& x, const Weight& w, int groups) override;
+  Tensor rmsnorm(const Tensor& x, const Weight& weight, float eps) override;
+  void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
+            const RopeTable& table, bool inverse) override;
+  void round_bf16(Tensor& x) override;
+  void scale_bf16(Tensor& x, float factor) override;
+
+  void qdq(Tensor& x, RowFormat format) override;
+  void pack_rows(const Tensor& x, RowFormat format, Tensor& cache, const std::vector<int64_t>& slots) override;
+  Tensor unpack_rows(const Tensor& cache, RowFormat format, int64_t dim, const std::vector<int64_t>& slots) override;
+
+  Tensor hc_mixes(const Tensor& x, int hc, const Weight& fn, const Weight& scale, const Weight& base, float norm_eps,
+                  int sinkhorn_iters, float hc_eps) override;
+  Tensor hc_pre(const Tensor& x, const Tensor& mix, int hc) override;
+  Tensor hc_post(const Tensor& y, const Tensor& residual, const Tensor& mix, int hc) override;
+  Tensor stream_mean(const Tensor& x, int hc) override;
+
+  Tensor sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx, const Weight& sink,
+                          float softmax_scale) override;
+  Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) override;
+  Tensor index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
+                      const std::vector<int64_t>& visible) override;
+  Tensor select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks,
+                           int block_size, TieBreak ties) override;
+  void mask_scores(Tensor& scores, const Tensor& keep_mask) override;
+  Tensor topk_indices(const Tensor& scores, int k, const std::vector<int64_t>& visible, int offset,
+                      TieBreak ties) override;
+
+  MoeRoute moe_route(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
+                     float gate_temp) override;
+  Tensor moe_experts(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
+                     const ExpertWeights& shared, float swiglu_limit) override;
+
+  Tensor engram_lookup(const Tensor& cols, const Weight& table) override;
+  Tensor engram_inject(const Tensor& x, const Tensor& kv, const Weight& q_weight, const Weight& k_weight, int hc,
+                       float eps) override;
+
+  // Bytes held by uploaded weights and by live tensors (for logs and `inspect`).
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  int64_t weight_bytes_ = 0;
+};
+
+}  // namespace di
