@@ -1,12 +1,140 @@
-// CUDA backend ops (placeholder definitions until the kernels land).
+// CUDA backend ops: MoE routing and experts, Engram lookup and injection. Same semantics and bf16
+// rounding points as src/backend/cpu/cpu_moe.cpp; the kernels are in moe_*_kernels.cu.
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/moe_kernels.cuh"
 
 namespace di {
+namespace {
 
-MoeRoute CudaBackend::moe_route(const Tensor&, const Weight&, const Weight&, int, float, float) { throw Error("cuda op moe_route: not implemented yet"); }
-Tensor CudaBackend::moe_experts(const Tensor&, const MoeRoute&, const std::vector<ExpertWeights>&, const ExpertWeights&, float) { throw Error("cuda op moe_experts: not implemented yet"); }
-Tensor CudaBackend::engram_lookup(const Tensor&, const Weight&) { throw Error("cuda op engram_lookup: not implemented yet"); }
-Tensor CudaBackend::engram_inject(const Tensor&, const Tensor&, const Weight&, const Weight&, int, float) { throw Error("cuda op engram_inject: not implemented yet"); }
+// SwiGLU expert over the rows of x (device): gate = w1(x), up = w3(x), h = bf16(w * silu(g) * u),
+// y = w2(h). `route_w` / `slots` (device, may be null) give each row's routing weight.
+Tensor run_expert(CudaBackend& be, const Tensor& x, const ExpertWeights& ew, const float* route_w,
+                  const int32_t* slots, float limit) {
+  Tensor gate = be.linear(x, ew.w1);  // [n, inter] bf16 values
+  Tensor up = be.linear(x, ew.w3);
+  DI_CHECK(gate.rows() == x.rows() && up.row_size() == gate.row_size());
+  cuda::moe::swiglu(gate.f32(), up.f32(), gate.rows(), gate.row_size(), route_w, slots, limit);
+  return be.linear(gate, ew.w2);  // [n, D] bf16 values
+}
+
+// The Engram table's E8M0 scales are one row per table row ([rows, hd/32]), but prepare() uploads
+// ceil(rows/32) scale rows (the FP8 block-weight layout), so the device copy of the table's scales
+// is incomplete. Until Weight records its scale rows, the full scales are uploaded here once per
+// prepared table, keyed by its device allocation (a weak reference notices a freed / reused one).
+const uint8_t* table_row_scales(const Weight& t) {
+  struct Entry {
+    std::weak_ptr<void> owner;
+    std::shared_ptr<void> scales;
+  };
+  static std::mutex mu;
+  static std::unordered_map<const void*, Entry> cache;
+  DI_CHECK_MSG(t.device != nullptr && t.scale != nullptr, "engram table was not prepared on the CUDA backend");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(t.device.get());
+  if (it != cache.end()) {
+    std::shared_ptr<void> owner = it->second.owner.lock();
+    if (owner && owner.get() == t.device.get()) return static_cast<const uint8_t*>(it->second.scales.get());
+  }
+  for (auto i = cache.begin(); i != cache.end();) i = i->second.owner.expired() ? cache.erase(i) : std::next(i);
+  const size_t bytes = static_cast<size_t>(t.rows * t.scale_cols);
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess)
+    throw Error("GPU out of memory allocating " + std::to_string(bytes) + " bytes of Engram table scales");
+  std::shared_ptr<void> dev(p, [](void* q) { cudaFree(q); });
+  DI_CUDA_CHECK(cudaMemcpy(p, t.scale, bytes, cudaMemcpyHostToDevice));
+  cache[t.device.get()] = Entry{t.device, dev};
+  return static_cast<const uint8_t*>(p);
+}
+
+}  // namespace
+
+MoeRoute CudaBackend::moe_route(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
+                                float gate_temp) {
+  const int64_t s = x.rows(), d = x.row_size(), n_exp = gate.rows;
+  DI_CHECK(gate.cols == d && bias.rows * bias.cols == n_exp);
+  MoeRoute route{alloc(TType::kF32, {s, top_k}), alloc(TType::kI32, {s, top_k})};
+  Tensor logits = alloc(TType::kF32, {s, n_exp});  // fp32, as the CPU's kF32 gate linear
+  cuda::moe::router_logits(x.f32(), cuda::wdata(gate), gate.dtype, s, n_exp, d, logits.f32());
+  cuda::moe::router_select(logits.f32(), cuda::wdata(bias), bias.dtype, s, n_exp, top_k, route_scale, gate_temp,
+                           route.weights.f32(), route.experts.i32());
+  return route;
+}
+
+Tensor CudaBackend::moe_experts(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
+                                const ExpertWeights& shared, float swiglu_limit) {
+  const int64_t s = x.rows(), d = x.row_size(), k = route.experts.row_size();
+  const int64_t n_exp = static_cast<int64_t>(experts.size());
+  DI_CHECK(route.experts.rows() == s && route.weights.rows() == s && route.weights.row_size() == k);
+  if (s == 0) return alloc(TType::kF32, {0, d});
+
+  // First version: the routing comes to the host once (S*k ids) and each expert's rows are listed
+  // there. Next: a grouped kernel with device-side counts and offsets (no host round trip, one
+  // launch for all experts).
+  const std::vector<int32_t> ids = to_host_i32(route.experts);  // [S, k]
+  std::vector<int64_t> count(n_exp + 1, 0);
+  for (int32_t e : ids)
+    if (e >= 0 && e < n_exp) ++count[e + 1];
+  for (int64_t e = 0; e < n_exp; ++e) count[e + 1] += count[e];  // now offsets
+  const int64_t total = count[n_exp];
+  // [rows | slots]: per expert in id order, its tokens in token order (as the CPU), and each
+  // token's slot r*k+j in route.weights.
+  std::vector<int32_t> lists(2 * total);
+  std::vector<int64_t> fill(count.begin(), count.end() - 1);
+  for (int64_t r = 0; r < s; ++r)
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ids[r * k + j];
+      if (e < 0 || e >= n_exp) continue;
+      const int64_t at = fill[e]++;
+      lists[at] = static_cast<int32_t>(r);
+      lists[total + at] = static_cast<int32_t>(r * k + j);
+    }
+
+  Tensor acc = zeros(TType::kF32, {s, d});  // fp32 sum over experts, per token in expert id order
+  if (total > 0) {
+    Tensor dev_lists = from_host_i32(lists, {2 * total});
+    const int32_t* rows = dev_lists.i32();
+    const int32_t* slots = dev_lists.i32() + total;
+    for (int64_t e = 0; e < n_exp; ++e) {
+      const int64_t n = count[e + 1] - count[e];
+      if (n == 0) continue;
+      Tensor xe = alloc(TType::kF32, {n, d});
+      cuda::moe::gather_rows(x.f32(), rows + count[e], n, d, xe.f32());
+      Tensor ye = run_expert(*this, xe, experts[e], route.weights.f32(), slots + count[e], swiglu_limit);
+      DI_CHECK(ye.rows() == n && ye.row_size() == d);
+      cuda::moe::scatter_add_rows(acc.f32(), ye.f32(), rows + count[e], n, d);
+    }
+  }
+  Tensor ys = run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit);
+  DI_CHECK(ys.rows() == s && ys.row_size() == d);
+  Tensor out = alloc(TType::kF32, {s, d});
+  cuda::moe::add_round_bf16(acc.f32(), ys.f32(), s * d, out.f32());
+  return out;
+}
+
+Tensor CudaBackend::engram_lookup(const Tensor& cols, const Weight& table) {
+  const int64_t s = cols.rows(), n = cols.row_size(), hd = table.cols;
+  DI_CHECK(cols.type == TType::kI32 && table.dtype == DType::kF8E4M3 && table.scale_cols == hd / 32);
+  Tensor out = alloc(TType::kF32, {s, n * hd});
+  if (s * n == 0) return out;
+  cuda::moe::engram_lookup(cols.i32(), s * n, cuda::wdata(table), table_row_scales(table), table.rows, hd, out.f32());
+  return out;
+}
+
+Tensor CudaBackend::engram_inject(const Tensor& x, const Tensor& kv, const Weight& q_weight, const Weight& k_weight,
+                                  int hc, float eps) {
+  const int64_t s = x.rows(), d = x.row_size() / hc;
+  DI_CHECK(kv.rows() == s && kv.row_size() == (hc + 1) * d);
+  DI_CHECK(q_weight.rows * q_weight.cols == hc * d && k_weight.rows * k_weight.cols == hc * d);
+  DI_CHECK_MSG(q_weight.dtype == k_weight.dtype, "engram_inject: q_weight and k_weight dtypes differ");
+  Tensor out = alloc(TType::kF32, {s, hc * d});
+  cuda::moe::engram_inject(x.f32(), kv.f32(), cuda::wdata(q_weight), cuda::wdata(k_weight), q_weight.dtype, s, hc, d,
+                           eps, out.f32());
+  return out;
+}
 
 }  // namespace di

@@ -1,0 +1,81 @@
+// MoE expert glue on the GPU: row gather, SwiGLU with the reference's clamps and routing weight,
+// scatter-add of expert outputs, and the final bf16 sum with the shared expert. The GEMMs are the
+// backend's linear() (cuda_dense.cu).
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/moe_kernels.cuh"
+
+namespace di::cuda::moe {
+namespace {
+
+constexpr int kThreads = 256;
+
+// One thread per float: n*d*4 bytes read and written (coalesced along the row).
+__global__ void gather_rows_kernel(const float* __restrict__ src, const int32_t* __restrict__ rows, int64_t n,
+                                   int64_t d, float* __restrict__ dst) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n * d) return;
+  const int64_t i = t / d, c = t % d;
+  dst[t] = src[static_cast<int64_t>(rows[i]) * d + c];
+}
+
+// Elementwise over [n, inter]: 2 floats in, 1 out; expf + a few FLOPs each. The expression order
+// is the CPU's (g / (1 + exp(-g)) * u, then w * h); __f*_rn keeps nvcc from fusing into FMAs.
+__global__ void swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n, int64_t inter,
+                              const float* __restrict__ route_w, const int32_t* __restrict__ slots, float limit) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n * inter) return;
+  float g = gate[t], u = up[t];
+  if (limit > 0) {
+    u = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp (NaN stays NaN)
+    g = limit < g ? limit : g;                           // std::min
+  }
+  float h = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+  if (slots) h = __fmul_rn(route_w[slots[t / inter]], h);
+  gate[t] = round_bf16(h);
+}
+
+// acc[rows[i]] += y[i]: n*d*8 bytes read, n*d*4 written. Rows are distinct within a call.
+__global__ void scatter_add_kernel(float* __restrict__ acc, const float* __restrict__ y, const int32_t* __restrict__ rows,
+                                   int64_t n, int64_t d) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n * d) return;
+  const int64_t i = t / d, c = t % d;
+  float* a = acc + static_cast<int64_t>(rows[i]) * d + c;
+  *a = __fadd_rn(*a, y[t]);
+}
+
+// n floats: 8 bytes in, 4 out each.
+__global__ void add_round_kernel(const float* __restrict__ acc, const float* __restrict__ shared, int64_t n,
+                                 float* __restrict__ out) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t < n) out[t] = round_bf16(__fadd_rn(acc[t], shared[t]));
+}
+
+}  // namespace
+
+void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t d, float* dst) {
+  if (n * d == 0) return;
+  gather_rows_kernel<<<blocks_for(n * d, kThreads), kThreads>>>(src, rows, n, d, dst);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+void swiglu(float* gate, const float* up, int64_t n, int64_t inter, const float* route_w, const int32_t* slots,
+            float limit) {
+  if (n * inter == 0) return;
+  swiglu_kernel<<<blocks_for(n * inter, kThreads), kThreads>>>(gate, up, n, inter, route_w, slots, limit);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+void scatter_add_rows(float* acc, const float* y, const int32_t* rows, int64_t n, int64_t d) {
+  if (n * d == 0) return;
+  scatter_add_kernel<<<blocks_for(n * d, kThreads), kThreads>>>(acc, y, rows, n, d);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+void add_round_bf16(const float* acc, const float* shared, int64_t n, float* out) {
+  if (n == 0) return;
+  add_round_kernel<<<blocks_for(n, kThreads), kThreads>>>(acc, shared, n, out);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace di::cuda::moe

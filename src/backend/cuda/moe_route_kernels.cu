@@ -1,0 +1,146 @@
+// MoE router on the GPU: fp32 logits with fp64 accumulation (the CPU's kF32 linear of the gate),
+// then sqrt(softplus) scores, biased top-k selection and renormalised weights, one warp per row.
+#include <climits>
+#include <cmath>
+
+#include "backend/cuda/moe_elem.cuh"
+#include "backend/cuda/moe_kernels.cuh"
+
+namespace di::cuda::moe {
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
+  return v;
+}
+
+// Two bf16 values packed in a 32-bit word, low half first.
+__device__ __forceinline__ double dot2_bf16(float a, float b, uint32_t w) {
+  return static_cast<double>(a) * bf16_bits_to_float(static_cast<uint16_t>(w & 0xffffu)) +
+         static_cast<double>(b) * bf16_bits_to_float(static_cast<uint16_t>(w >> 16));
+}
+
+// One warp per (expert, row): D fp32 activations + D gate values in, 2*D fp64 FLOPs; the gate
+// (E*D*2 bytes) stays in L2 across rows. fp32 x fp32 products are exact in fp64, so the sum is
+// within an ulp of exact for any order and rounds to the CPU's fp32 value (but for rare halfway
+// cases). kVec8: BF16 gate with D % 8 == 0 and 16-byte aligned rows (16-byte loads).
+template <ElemType T, bool kVec8>
+__global__ void router_logits_kernel(const float* __restrict__ x, const uint8_t* __restrict__ gate, int64_t s,
+                                     int64_t n_exp, int64_t d, float* __restrict__ logits) {
+  const int lane = threadIdx.x & 31;
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (e >= n_exp) return;
+  for (int64_t r = blockIdx.y; r < s; r += gridDim.y) {
+    const float* xr = x + r * d;
+    double acc = 0;
+    if constexpr (kVec8) {
+      const uint4* g = reinterpret_cast<const uint4*>(gate + e * d * 2);
+      const float4* xv = reinterpret_cast<const float4*>(xr);
+      for (int64_t i = lane; i < d / 8; i += 32) {
+        const uint4 gw = g[i];
+        const float4 a = xv[2 * i], b = xv[2 * i + 1];
+        acc += dot2_bf16(a.x, a.y, gw.x) + dot2_bf16(a.z, a.w, gw.y) + dot2_bf16(b.x, b.y, gw.z) +
+               dot2_bf16(b.z, b.w, gw.w);
+      }
+    } else {
+      for (int64_t i = lane; i < d; i += 32)
+        acc += static_cast<double>(xr[i]) * static_cast<double>(load_elem<T>(gate, e * d + i));
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) logits[r * n_exp + e] = static_cast<float>(acc);
+  }
+}
+
+// One warp per row: E logits in, top_k warp-wide argmax passes over the biased scores in shared
+// memory. Selection is "the k largest biased scores, ties to the lowest expert id". The CPU picks
+// torch.topk's elements (std::nth_element / partial_sort order); both agree unless two biased fp32
+// scores tie exactly at the k-th place, which random or real router logits essentially never do.
+// The weights are summed in descending-score order (the CPU's order may differ: an ulp at most).
+__global__ void router_select_kernel(const float* __restrict__ logits, const uint8_t* __restrict__ bias,
+                                     ElemType bias_type, int64_t s, int n_exp, int top_k, float route_scale,
+                                     float gate_temp, float* __restrict__ weights, int32_t* __restrict__ experts) {
+  extern __shared__ float smem[];  // [warps][2 * E]: scores, then biased scores
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
+  if (r >= s) return;
+  float* sc = smem + static_cast<int64_t>(warp) * 2 * n_exp;
+  float* biased = sc + n_exp;
+  for (int e = lane; e < n_exp; e += 32) {
+    const float l = logits[r * n_exp + e] / gate_temp;
+    const float sp = l > 20.0f ? l : log1pf(expf(l));  // torch softplus, threshold 20
+    sc[e] = sqrtf(sp);
+    biased[e] = sc[e] + load_elem(bias, bias_type, e);
+  }
+  __syncwarp();
+  int picks[kMaxTopK];
+  for (int j = 0; j < top_k; ++j) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int e = lane; e < n_exp; e += 32) {
+      const float v = biased[e];  // NaN = already picked: never wins
+      if (v > bv || (v == bv && e < bi)) bv = v, bi = e;
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(kFull, bv, off);
+      const int oi = __shfl_xor_sync(kFull, bi, off);
+      if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    picks[j] = bi;  // the same in every lane
+    __syncwarp();
+    if (lane == 0 && bi < n_exp) biased[bi] = __int_as_float(0x7fc00000);
+    __syncwarp();
+  }
+  if (lane != 0) return;
+  float sum = 0;
+  for (int j = 0; j < top_k; ++j)
+    if (picks[j] < n_exp) sum += sc[picks[j]];
+  for (int j = 0; j < top_k; ++j) {
+    const bool ok = picks[j] < n_exp;  // false only for NaN scores
+    float w = ok ? sc[picks[j]] : 0.0f;
+    if (top_k > 1) w /= (sum + 1e-20f);
+    weights[r * top_k + j] = w * route_scale;
+    experts[r * top_k + j] = ok ? picks[j] : -1;
+  }
+}
+
+template <ElemType T>
+void launch_logits(const float* x, const uint8_t* gate, int64_t s, int64_t e, int64_t d, float* logits) {
+  constexpr int kWarps = 8;
+  dim3 grid(static_cast<unsigned>((e + kWarps - 1) / kWarps), static_cast<unsigned>(s < 65535 ? s : 65535));
+  const bool vec = T == ElemType::kBf16 && d % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(gate) % 16 == 0;
+  if (vec)
+    router_logits_kernel<T, true><<<grid, kWarps * 32>>>(x, gate, s, e, d, logits);
+  else
+    router_logits_kernel<T, false><<<grid, kWarps * 32>>>(x, gate, s, e, d, logits);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void router_logits(const float* x, const uint8_t* gate, DType gate_dtype, int64_t s, int64_t e, int64_t d,
+                   float* logits) {
+  if (s == 0 || e == 0) return;
+  switch (elem_type(gate_dtype, "moe_route gate")) {
+    case ElemType::kBf16: return launch_logits<ElemType::kBf16>(x, gate, s, e, d, logits);
+    case ElemType::kF16: return launch_logits<ElemType::kF16>(x, gate, s, e, d, logits);
+    case ElemType::kF32: return launch_logits<ElemType::kF32>(x, gate, s, e, d, logits);
+  }
+}
+
+void router_select(const float* logits, const uint8_t* bias, DType bias_dtype, int64_t s, int64_t e, int top_k,
+                   float route_scale, float gate_temp, float* weights, int32_t* experts) {
+  if (s == 0) return;
+  DI_CHECK_MSG(top_k >= 1 && top_k <= kMaxTopK && top_k <= e, "moe_route: top_k out of range");
+  const ElemType bt = elem_type(bias_dtype, "moe_route bias");
+  constexpr int kWarps = 4;
+  const size_t smem = static_cast<size_t>(kWarps) * 2 * e * sizeof(float);
+  DI_CHECK_MSG(smem <= 48 * 1024, "moe_route: too many experts for the selection kernel");
+  router_select_kernel<<<blocks_for(s, kWarps), kWarps * 32, smem>>>(
+      logits, bias, bt, s, static_cast<int>(e), top_k, route_scale, gate_temp, weights, experts);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace di::cuda::moe
