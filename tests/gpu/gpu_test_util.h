@@ -297,6 +297,8 @@ class GpuOpTest : public ::testing::Test {
       FAIL() << "no CUDA backend: " << e.what();
     }
   }
+
+ public:  // so helper functions given the fixture can reach them
   Rng& rng() { return *rng_; }
   std::string seed_note() const { return "seed " + std::to_string(rng_->seed); }
 

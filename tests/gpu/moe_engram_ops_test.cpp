@@ -1,0 +1,211 @@
+// The CUDA MoE and Engram ops against the CPU backend on random data (fresh seed per test, printed).
+// Tolerances:
+//  - moe_route: expert ids EXACTLY (compared as per-row sets: the CPU's order within a row is
+//    std::nth_element's), weights within 1e-6 absolute (expf/log1pf differ from glibc by an ulp).
+//  - moe_experts: relative L2 <= 1e-3 (GEMM and sum orders differ; bf16 outputs).
+//  - engram_lookup: bit-exact (a product of two exact values, rounded once).
+//  - engram_inject: relative L2 <= 1e-3 and at most 1% of values differing (fp32 reductions in a
+//    different order can move the gate by ulps, which flips a bf16 rounding now and then).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "gpu_test_util.h"
+
+namespace di {
+namespace {
+
+using gputest::compare;
+using gputest::Compare;
+using gputest::OwnedWeight;
+using gputest::Rng;
+
+class MoeEngramOps : public gputest::GpuOpTest {};
+
+constexpr int64_t kHidden = 256, kInter = 128;
+
+// Per row: (expert, weight) pairs sorted by expert id.
+std::vector<std::vector<std::pair<int32_t, float>>> route_sets(const std::vector<int32_t>& ids,
+                                                               const std::vector<float>& w, int64_t k) {
+  std::vector<std::vector<std::pair<int32_t, float>>> rows(ids.size() / k);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (int64_t j = 0; j < k; ++j) rows[r].push_back({ids[r * k + j], w[r * k + j]});
+    std::sort(rows[r].begin(), rows[r].end());
+  }
+  return rows;
+}
+
+// ---- moe_route ------------------------------------------------------------------------------------
+
+void check_route(MoeEngramOps& t, Backend& cpu, Backend& gpu, Rng& rng, int64_t n_exp, int top_k, int64_t rows,
+                 float gate_temp, float route_scale) {
+  SCOPED_TRACE("experts=" + std::to_string(n_exp) + " top_k=" + std::to_string(top_k) + " rows=" +
+               std::to_string(rows) + " gate_temp=" + std::to_string(gate_temp));
+  gputest::TensorPair x = gputest::random_tensor_pair(rng, cpu, gpu, {rows, kHidden});
+  // The model's gate: BF16 on disk, bound as kF32; the bias: F32 [E].
+  OwnedWeight gate = gputest::random_bf16_weight(rng, n_exp, kHidden, gpu, 0.05f, WeightMode::kF32);
+  OwnedWeight bias = gputest::random_f32_weight(rng, 1, n_exp, gpu, 0.1f);
+  MoeRoute rc = cpu.moe_route(x.cpu, gate.w, bias.w, top_k, route_scale, gate_temp);
+  MoeRoute rg = gpu.moe_route(x.gpu, gate.w, bias.w, top_k, route_scale, gate_temp);
+  ASSERT_EQ(rg.experts.shape, (std::vector<int64_t>{rows, top_k}));
+  ASSERT_EQ(rg.weights.shape, (std::vector<int64_t>{rows, top_k}));
+  auto want = route_sets(cpu.to_host_i32(rc.experts), cpu.to_host_f32(rc.weights), top_k);
+  auto got = route_sets(gpu.to_host_i32(rg.experts), gpu.to_host_f32(rg.weights), top_k);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int j = 0; j < top_k; ++j) {
+      ASSERT_EQ(got[r][j].first, want[r][j].first) << "row " << r << " slot " << j << ", " << t.seed_note();
+      EXPECT_NEAR(got[r][j].second, want[r][j].second, 1e-6) << "row " << r << " expert " << want[r][j].first;
+    }
+  (void)t;
+}
+
+TEST_F(MoeEngramOps, RouteMatchesCpu) {
+  for (int64_t n_exp : {8, 16})
+    for (int top_k : {2, 6})
+      for (int64_t rows : {1, 7, 40}) check_route(*this, *cpu, *gpu, rng(), n_exp, top_k, rows, 1.0f, 1.5f);
+}
+
+TEST_F(MoeEngramOps, RouteEdgeCases) {
+  check_route(*this, *cpu, *gpu, rng(), 8, 1, 7, 1.0f, 2.5f);     // top_k 1: no renormalisation
+  check_route(*this, *cpu, *gpu, rng(), 16, 6, 40, 0.04f, 1.0f);  // logits / temp past softplus' threshold 20
+  check_route(*this, *cpu, *gpu, rng(), 256, 6, 7, 1.0f, 1.5f);   // the model's width (several experts per lane)
+}
+
+// ---- moe_experts ----------------------------------------------------------------------------------
+
+struct ExpertSet {
+  std::vector<OwnedWeight> owned;  // keeps the bytes alive
+  std::vector<ExpertWeights> experts;
+  ExpertWeights shared;
+};
+
+ExpertSet random_experts(Rng& rng, Backend& gpu, int64_t n_exp) {
+  ExpertSet s;
+  auto add = [&](OwnedWeight w) {
+    s.owned.push_back(std::move(w));
+    return s.owned.back().w;
+  };
+  for (int64_t e = 0; e < n_exp; ++e) {  // routed: FP4 [inter, D], [D, inter], [inter, D]
+    Weight w1 = add(gputest::random_fp4_weight(rng, kInter, kHidden, gpu));
+    Weight w2 = add(gputest::random_fp4_weight(rng, kHidden, kInter, gpu));
+    Weight w3 = add(gputest::random_fp4_weight(rng, kInter, kHidden, gpu));
+    s.experts.push_back({w1, w2, w3});
+  }
+  Weight w1 = add(gputest::random_fp8_weight(rng, kInter, kHidden, gpu));  // shared: FP8
+  Weight w2 = add(gputest::random_fp8_weight(rng, kHidden, kInter, gpu));
+  Weight w3 = add(gputest::random_fp8_weight(rng, kInter, kHidden, gpu));
+  s.shared = {w1, w2, w3};
+  return s;
+}
+
+// A random route: k distinct experts per row, weights in [0.05, 0.6].
+std::pair<std::vector<int32_t>, std::vector<float>> random_route(Rng& rng, int64_t rows, int64_t n_exp, int k) {
+  std::vector<int32_t> ids(rows * k);
+  std::vector<float> w(rows * k);
+  std::vector<int32_t> perm(n_exp);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng.gen);
+    for (int j = 0; j < k; ++j) {
+      ids[r * k + j] = perm[j];
+      w[r * k + j] = rng.uniform(0.05f, 0.6f);
+    }
+  }
+  return {ids, w};
+}
+
+// Relative L2 <= 1e-3 (bf16 outputs, different GEMM / sum orders).
+TEST_F(MoeEngramOps, ExpertsMatchCpu) {
+  for (int64_t n_exp : {8, 16}) {
+    ExpertSet set = random_experts(rng(), *gpu, n_exp);
+    for (int top_k : {2, 6})
+      for (int64_t rows : {1, 7, 40}) {
+        const float limit = rows == 7 ? 0.0f : 7.0f;  // 0: no clamps
+        SCOPED_TRACE("experts=" + std::to_string(n_exp) + " top_k=" + std::to_string(top_k) +
+                     " rows=" + std::to_string(rows) + " limit=" + std::to_string(limit));
+        gputest::TensorPair x = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, kHidden});
+        auto [ids, w] = random_route(rng(), rows, n_exp, top_k);
+        MoeRoute rc{cpu->from_host_f32(w, {rows, top_k}), cpu->from_host_i32(ids, {rows, top_k})};
+        MoeRoute rg{gpu->from_host_f32(w, {rows, top_k}), gpu->from_host_i32(ids, {rows, top_k})};
+        std::vector<float> want = cpu->to_host_f32(cpu->moe_experts(x.cpu, rc, set.experts, set.shared, limit));
+        Tensor yg = gpu->moe_experts(x.gpu, rg, set.experts, set.shared, limit);
+        ASSERT_EQ(yg.shape, (std::vector<int64_t>{rows, kHidden}));
+        Compare c = compare(gpu->to_host_f32(yg), want);
+        std::printf("  moe_experts E=%lld k=%d rows=%lld: %s\n", static_cast<long long>(n_exp), top_k,
+                    static_cast<long long>(rows), c.str().c_str());
+        EXPECT_LE(c.rel_l2, 1e-3) << c.str() << ", " << seed_note();
+      }
+  }
+}
+
+// Route then experts on each backend: relative L2 <= 1e-3.
+TEST_F(MoeEngramOps, RouteThenExpertsMatchCpu) {
+  const int64_t n_exp = 16, rows = 40;
+  const int top_k = 6;
+  ExpertSet set = random_experts(rng(), *gpu, n_exp);
+  gputest::TensorPair x = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, kHidden});
+  OwnedWeight gate = gputest::random_bf16_weight(rng(), n_exp, kHidden, *gpu, 0.05f, WeightMode::kF32);
+  OwnedWeight bias = gputest::random_f32_weight(rng(), 1, n_exp, *gpu, 0.1f);
+  MoeRoute rc = cpu->moe_route(x.cpu, gate.w, bias.w, top_k, 1.5f, 1.0f);
+  MoeRoute rg = gpu->moe_route(x.gpu, gate.w, bias.w, top_k, 1.5f, 1.0f);
+  std::vector<float> want = cpu->to_host_f32(cpu->moe_experts(x.cpu, rc, set.experts, set.shared, 7.0f));
+  Compare c = compare(gpu->to_host_f32(gpu->moe_experts(x.gpu, rg, set.experts, set.shared, 7.0f)), want);
+  std::printf("  route+experts: %s\n", c.str().c_str());
+  EXPECT_LE(c.rel_l2, 1e-3) << c.str() << ", " << seed_note();
+}
+
+// ---- Engram ---------------------------------------------------------------------------------------
+
+// Bit-exact.
+TEST_F(MoeEngramOps, EngramLookupExact) {
+  struct Case {
+    int64_t table_rows, hd;
+    int n_cols, exp_lo, exp_hi;
+  };
+  // The last case covers E8M0 0 (2^-127) and subnormal products (no flush to zero).
+  for (Case cs : {Case{1000, 128, 4, -8, -4}, Case{333, 32, 3, -8, -4}, Case{97, 64, 5, -127, 8}}) {
+    OwnedWeight table = gputest::random_fp8_row_scaled_table(rng(), cs.table_rows, cs.hd, *gpu, cs.exp_lo, cs.exp_hi);
+    for (int64_t rows : {1, 7, 40}) {
+      SCOPED_TRACE("table_rows=" + std::to_string(cs.table_rows) + " hd=" + std::to_string(cs.hd) +
+                   " rows=" + std::to_string(rows));
+      std::vector<int32_t> ids(rows * cs.n_cols);
+      for (int32_t& id : ids) id = static_cast<int32_t>(rng().uniform_int(0, cs.table_rows - 1));
+      ids.back() = static_cast<int32_t>(cs.table_rows - 1);  // the last table row (scale upload bound)
+      std::vector<float> want = cpu->to_host_f32(cpu->engram_lookup(cpu->from_host_i32(ids, {rows, cs.n_cols}), table.w));
+      Tensor g = gpu->engram_lookup(gpu->from_host_i32(ids, {rows, cs.n_cols}), table.w);
+      ASSERT_EQ(g.shape, (std::vector<int64_t>{rows, cs.n_cols * cs.hd}));
+      Compare c = compare(gpu->to_host_f32(g), want);
+      EXPECT_EQ(c.mismatches, 0) << c.str() << ", " << seed_note();
+    }
+  }
+}
+
+// Relative L2 <= 1e-3, at most 1% of values differing.
+TEST_F(MoeEngramOps, EngramInjectMatchesCpu) {
+  const int hc = 4;
+  const float eps = 1e-6f;
+  for (int64_t d : {kHidden, int64_t{96}})
+    for (int64_t rows : {1, 7, 40}) {
+      SCOPED_TRACE("d=" + std::to_string(d) + " rows=" + std::to_string(rows));
+      gputest::TensorPair x = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, hc * d});
+      gputest::TensorPair kv = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, (hc + 1) * d}, 0.5f);
+      OwnedWeight q = gputest::random_bf16_weight(rng(), hc, d, *gpu, 0.3f, WeightMode::kF32, 1.0f);
+      OwnedWeight k = gputest::random_bf16_weight(rng(), hc, d, *gpu, 0.3f, WeightMode::kF32, 1.0f);
+      std::vector<float> want = cpu->to_host_f32(cpu->engram_inject(x.cpu, kv.cpu, q.w, k.w, hc, eps));
+      Tensor g = gpu->engram_inject(x.gpu, kv.gpu, q.w, k.w, hc, eps);
+      ASSERT_EQ(g.shape, (std::vector<int64_t>{rows, hc * d}));
+      Compare c = compare(gpu->to_host_f32(g), want);
+      std::printf("  engram_inject d=%lld rows=%lld: %s\n", static_cast<long long>(d), static_cast<long long>(rows),
+                  c.str().c_str());
+      EXPECT_LE(c.rel_l2, 1e-3) << c.str() << ", " << seed_note();
+      EXPECT_LE(c.mismatches, c.n / 100) << c.str() << ", " << seed_note();
+    }
+}
+
+}  // namespace
+}  // namespace di
