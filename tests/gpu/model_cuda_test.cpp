@@ -58,7 +58,9 @@ TEST(CudaModel, ScoreAgreesWithTheCpu) {
   for (size_t r = 0; r < a.logits.size() / v; ++r) {
     double e = rel_l2(b.logits.data() + r * v, a.logits.data() + r * v, v);
     std::printf("[cuda score] row %zu relative L2 vs cpu %.6f\n", r, e);
-    if (r < 2) EXPECT_LE(e, 0.02) << "row " << r;
+    if (r < 2) {
+      EXPECT_LE(e, 0.02) << "row " << r;
+    }
   }
 }
 
