@@ -1,7 +1,7 @@
 // The CUDA MoE and Engram ops against the CPU backend on random data (fresh seed per test, printed).
 // Tolerances:
 //  - moe_route: expert ids EXACTLY (compared as per-row sets: the CPU's order within a row is
-//    std::nth_element's), weights within 1e-6 absolute (expf/log1pf differ from glibc by an ulp).
+//    std::nth_element's), weights within 1e-6 absolute (ulp-level exp/log1p and sum-order differences).
 //  - moe_experts: relative L2 <= 1e-3 (GEMM and sum orders differ; bf16 outputs).
 //  - engram_lookup: bit-exact (a product of two exact values, rounded once).
 //  - engram_inject: relative L2 <= 1e-3 and at most 1% of values differing (fp32 reductions in a

@@ -36,4 +36,10 @@ __device__ __forceinline__ float load_elem(const uint8_t* p, ElemType t, int64_t
   }
 }
 
+// exp / log1p of a float, computed in fp64 and rounded once: correctly rounded but for vanishingly
+// rare cases, so almost always the value glibc's expf (< 0.502 ulp) gives the CPU backend, where
+// CUDA's expf / log1pf (up to 2 ulp off) would flip a later bf16 rounding now and then.
+__device__ __forceinline__ float exp_f32(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
+__device__ __forceinline__ float log1p_f32(float x) { return static_cast<float>(log1p(static_cast<double>(x))); }
+
 }  // namespace di::cuda::moe

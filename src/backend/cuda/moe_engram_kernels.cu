@@ -78,7 +78,7 @@ __global__ void engram_inject_kernel(const float* __restrict__ x, const float* _
   const float rstd = __fmul_rn(1.0f / sqrtf(hh + eps), 1.0f / sqrtf(kk + eps));
   const float dotv = __fmul_rn(__fmul_rn(red[2][0], rstd), inv_sqrt_d);
   const float mag = sqrtf(fmaxf(fabsf(dotv), 1e-6f));
-  const float gate = 1.0f / (1.0f + expf(-copysignf(mag, dotv)));
+  const float gate = 1.0f / (1.0f + exp_f32(-copysignf(mag, dotv)));
   float* o = out + (r * hc + k) * d;
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = round_bf16(__fadd_rn(h[i], __fmul_rn(gate, value[i])));
 }

@@ -2,6 +2,7 @@
 // scatter-add of expert outputs, and the final bf16 sum with the shared expert. The GEMMs are the
 // backend's linear() (cuda_dense.cu).
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/moe_elem.cuh"
 #include "backend/cuda/moe_kernels.cuh"
 
 namespace di::cuda::moe {
@@ -18,7 +19,7 @@ __global__ void gather_rows_kernel(const float* __restrict__ src, const int32_t*
   dst[t] = src[static_cast<int64_t>(rows[i]) * d + c];
 }
 
-// Elementwise over [n, inter]: 2 floats in, 1 out; expf + a few FLOPs each. The expression order
+// Elementwise over [n, inter]: 2 floats in, 1 out; an fp64 exp + a few FLOPs each. The expression order
 // is the CPU's (g / (1 + exp(-g)) * u, then w * h); __f*_rn keeps nvcc from fusing into FMAs.
 __global__ void swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n, int64_t inter,
                               const float* __restrict__ route_w, const int32_t* __restrict__ slots, float limit) {
@@ -29,7 +30,7 @@ __global__ void swiglu_kernel(float* __restrict__ gate, const float* __restrict_
     u = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp (NaN stays NaN)
     g = limit < g ? limit : g;                           // std::min
   }
-  float h = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+  float h = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_f32(-g))), u);
   if (slots) h = __fmul_rn(route_w[slots[t / inter]], h);
   gate[t] = round_bf16(h);
 }

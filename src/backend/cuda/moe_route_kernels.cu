@@ -69,7 +69,7 @@ __global__ void router_select_kernel(const float* __restrict__ logits, const uin
   float* biased = sc + n_exp;
   for (int e = lane; e < n_exp; e += 32) {
     const float l = logits[r * n_exp + e] / gate_temp;
-    const float sp = l > 20.0f ? l : log1pf(expf(l));  // torch softplus, threshold 20
+    const float sp = l > 20.0f ? l : log1p_f32(exp_f32(l));  // torch softplus, threshold 20
     sc[e] = sqrtf(sp);
     biased[e] = sc[e] + load_elem(bias, bias_type, e);
   }
