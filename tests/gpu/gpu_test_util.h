@@ -284,15 +284,18 @@ inline int64_t first_mismatch(const std::vector<int32_t>& got, const std::vector
 // ---- fixture --------------------------------------------------------------------------------------
 
 // `cpu` and `gpu` backends and a seeded `rng` (seed printed with the test's name). Without a CUDA
-// device the test fails (these tests exist to run on the GPU machine).
+// device the test fails (these tests exist to run on the GPU machine); DI_GPU_TEST_BACKEND=cpu
+// makes `gpu` a second CPU backend, to check a test's own logic on a machine without a GPU.
 class GpuOpTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
     rng_ = std::make_unique<Rng>(make_rng(std::string(info->test_suite_name()) + "." + info->name()));
     cpu = make_cpu_backend();
+    // DI_GPU_TEST_BACKEND=cpu runs the tests CPU against CPU (checks the tests themselves, no GPU).
+    const char* dev = std::getenv("DI_GPU_TEST_BACKEND");
     try {
-      gpu = make_backend("cuda");
+      gpu = make_backend(dev ? dev : "cuda");
     } catch (const std::exception& e) {
       FAIL() << "no CUDA backend: " << e.what();
     }
