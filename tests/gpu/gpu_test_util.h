@@ -214,7 +214,7 @@ struct Compare {
   double max_abs = 0;       // max |got - want|
   double rel_l2 = 0;        // ||got - want|| / ||want||
   double max_ulp = 0;       // max |got - want| / bf16_ulp(max(|got|, |want|))
-  int64_t worst = -1;       // index of the largest |diff|
+  int64_t worst = -1;       // index of the largest |diff| (-1: none differs)
   int64_t mismatches = 0;   // entries that differ at all (bitwise, NaN == NaN)
   bool nan_mismatch = false;
   float worst_got = 0, worst_want = 0;
@@ -254,8 +254,8 @@ inline Compare compare(const std::vector<float>& got, const std::vector<float>& 
     if (d != 0 || std::signbit(g) != std::signbit(w)) ++c.mismatches;
     num += d * d;
     den += w * w;
-    if (d > c.max_abs || c.worst < 0) {
-      if (d > c.max_abs) c.max_abs = d;
+    if (d > c.max_abs) {
+      c.max_abs = d;
       if (!c.nan_mismatch) c.worst = i, c.worst_got = got[i], c.worst_want = want[i];
     }
     if (d > 0) c.max_ulp = std::max(c.max_ulp, d / bf16_ulp(std::max(std::fabs(g), std::fabs(w))));
