@@ -53,7 +53,8 @@ struct Weight {
   int64_t cols = 0;                // in features (logical, unpacked)
   const uint8_t* data = nullptr;   // host view (mmap) of the checkpoint bytes
   const uint8_t* scale = nullptr;  // E8M0 scales or nullptr
-  int64_t scale_cols = 0;
+  int64_t scale_rows = 0;          // [scale_rows, scale_cols]: ceil(rows/32) for 32x32 blocks,
+  int64_t scale_cols = 0;          // rows for FP4 experts and Engram tables (one per row per 32)
   std::shared_ptr<void> device;    // backend-private copy (e.g. on the GPU), may be empty
   bool present() const { return data != nullptr; }
 };

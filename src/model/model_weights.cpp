@@ -24,6 +24,7 @@ class Binder {
       if (scale_name.size() > 7 && scale_name.ends_with(".weight")) scale_name.replace(scale_name.size() - 7, 7, ".scale");
       const TensorView& s = ckpt_.get(scale_name);
       w.scale = s.data;
+      w.scale_rows = s.shape.empty() ? 1 : s.shape[0];
       w.scale_cols = s.shape.size() >= 2 ? s.shape[1] : 1;
       if (mode == WeightMode::kFp4Expert) w.cols *= 2;  // two E2M1 codes per byte
     }

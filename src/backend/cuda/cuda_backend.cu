@@ -118,7 +118,7 @@ void CudaBackend::prepare(Weight& w) {
   int64_t data = cuda::weight_data_bytes(w);
   int64_t scale = 0;
   if (w.scale) {
-    int64_t scale_rows = w.mode == WeightMode::kFp8Block ? (w.rows + 31) / 32 : w.rows;
+    int64_t scale_rows = w.scale_rows > 0 ? w.scale_rows : (w.mode == WeightMode::kFp8Block ? (w.rows + 31) / 32 : w.rows);
     scale = scale_rows * w.scale_cols;
   }
   w.device = device_alloc(static_cast<size_t>(data + scale));
