@@ -1,0 +1,455 @@
+// The CUDA dense ops (cuda_dense.cu, dense_linear.cu, cuda_quant.cuh) against the CPU backend on
+// random data (fresh seed per test, printed; DI_GPU_SEED=<n> replays). Tolerances:
+//  - embed, round_bf16, scale_bf16, qdq, pack_rows (cache bytes), unpack_rows: bit-exact (NaN == NaN).
+//  - linear kFp8Block / kFp4Expert: within 1 bf16 ulp per element (the contract), and, separately,
+//    bit-exact (the kernels reproduce the CPU's per-block summation order; a failure there alone
+//    means an order / rounding-point difference, not a wrong result).
+//  - linear kBf16 and grouped_linear (fp32 sums in another order): per element
+//    |d| <= 1 bf16 ulp of |want| + 2^-20 * sum_k |x_k w_k| (the fp32 summation error allowance).
+//  - linear kF32 (fp64 sums, rounded once): |d| <= 1e-6 |want| + 1e-12 * sum_k |x_k w_k|.
+//  - rmsnorm: within 1 bf16 ulp, and bit-exact (same sum-of-squares order as the CPU).
+//  - rope: within 1 bf16 ulp (cos/sin: fp64 on the GPU vs glibc cosf/sinf; mismatches are printed).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "gpu_test_util.h"
+#include "model/quant.h"
+
+namespace di {
+namespace {
+
+using gputest::compare;
+using gputest::Compare;
+using gputest::OwnedWeight;
+using gputest::Rng;
+
+class DenseOps : public gputest::GpuOpTest {};
+
+// ---- data -------------------------------------------------------------------------------------------
+
+// [rows, cols] values: N(0,1) per row scaled by 2^[-12, 12], some 32-blocks zero, some entries
+// bf16-rounded (the forward's activations) and some full fp32 (the quantizers round first).
+std::vector<float> random_activation(Rng& rng, int64_t rows, int64_t cols) {
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng.uniform_int(-12, 12)));
+    const bool round = rng.uniform_int(0, 1) == 1;
+    for (int64_t c = 0; c < cols; ++c) {
+      float x = rng.normal(1.0f) * scale;
+      v[r * cols + c] = round ? quant::round_bf16(x) : x;
+    }
+    if (cols >= 64 && rng.uniform_int(0, 3) == 0) {  // a zero block (the amax floor path)
+      int64_t b = rng.uniform_int(0, cols / 32 - 1);
+      for (int64_t c = 0; c < 32; ++c) v[r * cols + b * 32 + c] = 0.0f;
+    }
+  }
+  if (!v.empty()) v[0] = v[0] == 0.0f ? 1.0f : v[0];
+  return v;
+}
+
+// Values for the quantizers: per 16-block magnitudes 2^[-40, 40], zero blocks, blocks with one
+// large value and tiny others (E4M3 subnormals), and blocks on the E2M1 grid midpoints (ties).
+std::vector<float> random_quant_rows(Rng& rng, int64_t rows, int64_t cols) {
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  static const float kMids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  for (int64_t b0 = 0; b0 < rows * cols; b0 += 16) {
+    const int kind = static_cast<int>(rng.uniform_int(0, 9));
+    const float m = std::ldexp(1.0f, static_cast<int>(rng.uniform_int(-40, 40)));
+    for (int64_t i = 0; i < 16; ++i) {
+      float x = rng.normal(1.0f) * m;
+      if (kind == 0) x = 0.0f;
+      if (kind == 1) x = i == 0 ? 300.0f * m : rng.normal(1.0f) * m * 0x1p-14f;
+      if (kind == 2) x = i == 0 ? 6.0f * m : kMids[rng.uniform_int(0, 6)] * m * (rng.uniform_int(0, 1) ? 1.0f : -1.0f);
+      v[b0 + i] = kind == 3 ? x : quant::round_bf16(x);
+    }
+  }
+  return v;
+}
+
+// FP8 block weight from uniform random E4M3 codes (no NaN codes 0x7f / 0xff), E8M0 scales 120..130.
+OwnedWeight uniform_fp8_weight(Rng& rng, int64_t rows, int64_t cols, Backend& gpu) {
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
+  for (uint8_t& c : codes) {
+    do c = static_cast<uint8_t>(rng.uniform_int(0, 255));
+    while ((c & 0x7f) == 0x7f);
+  }
+  const int64_t sc = (cols + 31) / 32;
+  std::vector<uint8_t> scales(static_cast<size_t>((rows + 31) / 32 * sc));
+  for (uint8_t& s : scales) s = static_cast<uint8_t>(rng.uniform_int(120, 130));
+  OwnedWeight o = gputest::detail::make_owned(WeightMode::kFp8Block, DType::kF8E4M3, rows, cols, std::move(codes),
+                                              std::move(scales), sc);
+  gpu.prepare(o.w);
+  return o;
+}
+
+// FP4 expert weight from random bytes, E8M0 scales 120..130 per row per 32.
+OwnedWeight uniform_fp4_weight(Rng& rng, int64_t rows, int64_t cols, Backend& gpu) {
+  std::vector<uint8_t> packed(static_cast<size_t>(rows * cols / 2));
+  for (uint8_t& b : packed) b = static_cast<uint8_t>(rng.uniform_int(0, 255));
+  std::vector<uint8_t> scales(static_cast<size_t>(rows * (cols / 32)));
+  for (uint8_t& s : scales) s = static_cast<uint8_t>(rng.uniform_int(120, 130));
+  OwnedWeight o = gputest::detail::make_owned(WeightMode::kFp4Expert, DType::kI8, rows, cols, std::move(packed),
+                                              std::move(scales), cols / 32);
+  gpu.prepare(o.w);
+  return o;
+}
+
+// F16 weight of random finite values (|x| in ~[2^-5, 2^6]).
+OwnedWeight random_f16_weight(Rng& rng, int64_t rows, int64_t cols, Backend& gpu, WeightMode mode) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows * cols * 2));
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    uint16_t h = static_cast<uint16_t>((rng.uniform_int(0, 1) << 15) | (rng.uniform_int(10, 21) << 10) |
+                                       rng.uniform_int(0, 1023));
+    bytes[2 * i] = static_cast<uint8_t>(h & 0xff);
+    bytes[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+  }
+  OwnedWeight o = gputest::detail::make_owned(mode, DType::kF16, rows, cols, std::move(bytes), {}, 0);
+  gpu.prepare(o.w);
+  return o;
+}
+
+// Host values [rows, cols] of a float weight (BF16 / F16 / F32) or a dequantized FP8 block weight.
+std::vector<float> host_weight_values(const Weight& w) {
+  std::vector<float> v(static_cast<size_t>(w.rows * w.cols));
+  for (int64_t o = 0; o < w.rows; ++o)
+    for (int64_t k = 0; k < w.cols; ++k) {
+      const int64_t i = o * w.cols + k;
+      float x = 0;
+      switch (w.dtype) {
+        case DType::kBF16: x = quant::bf16_to_float(reinterpret_cast<const uint16_t*>(w.data)[i]); break;
+        case DType::kF16: x = quant::f16_to_float(reinterpret_cast<const uint16_t*>(w.data)[i]); break;
+        case DType::kF32: x = reinterpret_cast<const float*>(w.data)[i]; break;
+        case DType::kF8E4M3:
+          x = quant::e4m3_to_float(w.data[i]) * quant::e8m0_to_float(w.scale[(o / 32) * w.scale_cols + k / 32]);
+          break;
+        default: ADD_FAILURE() << "unexpected dtype";
+      }
+      v[i] = x;
+    }
+  return v;
+}
+
+// sum_k |x[r, xoff(o) + k] * w[o, k]| for every output: the scale of fp32 summation error.
+std::vector<double> abs_sums(const std::vector<float>& x, int64_t rows, int64_t x_stride, const std::vector<float>& w,
+                             int64_t n, int64_t k, int64_t rows_per_group) {
+  std::vector<double> s(static_cast<size_t>(rows * n));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < n; ++o) {
+      double acc = 0;
+      const float* xr = x.data() + r * x_stride + (o / rows_per_group) * k;
+      for (int64_t i = 0; i < k; ++i) acc += std::fabs(static_cast<double>(xr[i]) * w[o * k + i]);
+      s[r * n + o] = acc;
+    }
+  return s;
+}
+
+// Every element within rel * |want| (+ bf16 ulp if bf16_ulp) + abs_scale * allow[i]; returns failures.
+int64_t count_outside(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& allow,
+                      bool bf16_ulp, double rel, double abs_scale, std::string* worst) {
+  int64_t bad = 0;
+  double worst_ratio = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const double tol = (bf16_ulp ? gputest::bf16_ulp(want[i]) : 0.0) + rel * std::fabs(want[i]) + abs_scale * allow[i];
+    const bool ok = d <= tol || (std::isnan(got[i]) && std::isnan(want[i]));
+    if (!ok) ++bad;
+    const double ratio = tol > 0 ? d / tol : (d > 0 ? INFINITY : 0);
+    if (!ok || ratio > worst_ratio) {
+      if (ratio >= worst_ratio || !ok) {
+        worst_ratio = ratio;
+        *worst = "index " + std::to_string(i) + " got " + std::to_string(got[i]) + " want " + std::to_string(want[i]) +
+                 " (diff/tol " + std::to_string(ratio) + ")";
+      }
+    }
+  }
+  return bad;
+}
+
+// ---- linear -----------------------------------------------------------------------------------------
+
+OwnedWeight make_weight(Rng& rng, WeightMode mode, DType dtype, int64_t n, int64_t k, Backend& gpu) {
+  switch (mode) {
+    case WeightMode::kFp8Block: return uniform_fp8_weight(rng, n, k, gpu);
+    case WeightMode::kFp4Expert: return uniform_fp4_weight(rng, n, k, gpu);
+    default: break;
+  }
+  if (dtype == DType::kF16) return random_f16_weight(rng, n, k, gpu, mode);
+  if (dtype == DType::kF32) {
+    OwnedWeight o = gputest::random_f32_weight(rng, n, k, gpu, 0.05f);
+    o.w.mode = mode;
+    return o;
+  }
+  return gputest::random_bf16_weight(rng, n, k, gpu, 0.05f, mode);
+}
+
+const char* mode_name(WeightMode m) {
+  switch (m) {
+    case WeightMode::kFp8Block: return "fp8";
+    case WeightMode::kFp4Expert: return "fp4";
+    case WeightMode::kBf16: return "bf16";
+    case WeightMode::kF32: return "f32";
+  }
+  return "?";
+}
+
+void check_linear(DenseOps& t, WeightMode mode, DType dtype, int64_t s, int64_t n, int64_t k) {
+  const std::string label = std::string(mode_name(mode)) + "/" + dtype_name(dtype) + " S=" + std::to_string(s) +
+                            " N=" + std::to_string(n) + " K=" + std::to_string(k);
+  SCOPED_TRACE(label);
+  Rng& rng = t.rng();
+  OwnedWeight w = make_weight(rng, mode, dtype, n, k, *t.gpu);
+  std::vector<float> xv = random_activation(rng, s, k);
+  Tensor yc = t.cpu->linear(t.cpu->from_host_f32(xv, {s, k}), w.w);
+  Tensor yg = t.gpu->linear(t.gpu->from_host_f32(xv, {s, k}), w.w);
+  ASSERT_EQ(yg.shape, (std::vector<int64_t>{s, n}));
+  std::vector<float> want = t.cpu->to_host_f32(yc), got = t.gpu->to_host_f32(yg);
+  const Compare c = compare(got, want);
+  std::printf("[ info     ] linear %s: %s\n", label.c_str(), c.str().c_str());
+  if (mode == WeightMode::kFp8Block || mode == WeightMode::kFp4Expert) {
+    EXPECT_LE(c.max_ulp, 1.0) << c.str() << ", " << t.seed_note();
+    EXPECT_EQ(c.mismatches, 0) << "claimed bit-exact with the CPU order: " << c.str() << ", " << t.seed_note();
+    return;
+  }
+  const std::vector<double> l1 = abs_sums(xv, s, k, host_weight_values(w.w), n, k, n);
+  std::string worst;
+  const bool f32 = mode == WeightMode::kF32;
+  const int64_t bad = f32 ? count_outside(got, want, l1, false, 1e-6, 1e-12, &worst)
+                          : count_outside(got, want, l1, true, 0.0, 0x1p-20, &worst);
+  EXPECT_EQ(bad, 0) << "worst " << worst << "; " << c.str() << ", " << t.seed_note();
+}
+
+TEST_F(DenseOps, LinearFp8Block) {
+  for (int64_t s : {1, 3, 17, 130})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{96, 256}, {160, 544}, {72, 1056}})
+      check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, s, n, k);
+}
+
+TEST_F(DenseOps, LinearFp4Expert) {
+  for (int64_t s : {1, 3, 17, 130})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{96, 256}, {160, 544}, {72, 1056}})
+      check_linear(*this, WeightMode::kFp4Expert, DType::kI8, s, n, k);
+}
+
+TEST_F(DenseOps, LinearDecodeShapes) {  // several prefetched K iterations (K = 4096: 8 FP8 / 4 FP4 passes)
+  for (int64_t s : {1, 2}) {
+    check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, s, 1024, 4096);
+    check_linear(*this, WeightMode::kFp4Expert, DType::kI8, s, 512, 4096);
+  }
+}
+
+TEST_F(DenseOps, LinearBf16) {
+  for (int64_t s : {1, 3, 17, 130})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{96, 256}, {160, 544}, {33, 100}})
+      check_linear(*this, WeightMode::kBf16, DType::kBF16, s, n, k);
+  check_linear(*this, WeightMode::kBf16, DType::kF16, 17, 96, 264);
+  check_linear(*this, WeightMode::kBf16, DType::kF32, 17, 96, 264);
+}
+
+TEST_F(DenseOps, LinearF32) {
+  for (int64_t s : {1, 3, 17, 130})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{96, 256}, {160, 544}, {33, 37}})
+      check_linear(*this, WeightMode::kF32, DType::kF32, s, n, k);
+  check_linear(*this, WeightMode::kF32, DType::kBF16, 17, 160, 1056);
+  check_linear(*this, WeightMode::kF32, DType::kF16, 3, 96, 264);
+}
+
+TEST_F(DenseOps, GroupedLinear) {
+  for (int64_t s : {1, 3, 17, 130})
+    for (auto [groups, rpg, k] : {std::tuple<int, int64_t, int64_t>{4, 48, 96}, {8, 16, 256}, {2, 40, 544}}) {
+      SCOPED_TRACE("grouped S=" + std::to_string(s) + " G=" + std::to_string(groups) + " R=" + std::to_string(rpg) +
+                   " K=" + std::to_string(k));
+      OwnedWeight w = uniform_fp8_weight(rng(), groups * rpg, k, *gpu);
+      std::vector<float> xv = random_activation(rng(), s, groups * k);
+      for (float& v : xv) v = quant::round_bf16(v);  // the reference's bf16 einsum input
+      Tensor yc = cpu->grouped_linear(cpu->from_host_f32(xv, {s, groups * k}), w.w, groups);
+      Tensor yg = gpu->grouped_linear(gpu->from_host_f32(xv, {s, groups * k}), w.w, groups);
+      ASSERT_EQ(yg.shape, (std::vector<int64_t>{s, groups * rpg}));
+      std::vector<float> want = cpu->to_host_f32(yc), got = gpu->to_host_f32(yg);
+      const std::vector<double> l1 = abs_sums(xv, s, groups * k, host_weight_values(w.w), groups * rpg, k, rpg);
+      std::string worst;
+      EXPECT_EQ(count_outside(got, want, l1, true, 0.0, 0x1p-20, &worst), 0)
+          << "worst " << worst << "; " << compare(got, want).str() << ", " << seed_note();
+    }
+}
+
+// ---- embed / norms / rope / rounding ------------------------------------------------------------------
+
+TEST_F(DenseOps, EmbedBitExact) {
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    const int64_t vocab = 1000, d = 96, n = 37;
+    OwnedWeight table = dt == DType::kBF16 ? gputest::random_bf16_weight(rng(), vocab, d, *gpu, 1.0f)
+                                           : gputest::random_f32_weight(rng(), vocab, d, *gpu, 1.0f);
+    std::vector<int32_t> ids(n);
+    for (int32_t& id : ids) id = static_cast<int32_t>(rng().uniform_int(0, vocab - 1));
+    ids[0] = 0;
+    ids[1] = static_cast<int32_t>(vocab - 1);
+    Tensor yc = cpu->embed(cpu->from_host_i32(ids, {n}), table.w);
+    Tensor yg = gpu->embed(gpu->from_host_i32(ids, {n}), table.w);
+    ASSERT_EQ(yg.shape, (std::vector<int64_t>{n, d}));
+    const Compare c = compare(gpu->to_host_f32(yg), cpu->to_host_f32(yc));
+    EXPECT_EQ(c.mismatches, 0) << dtype_name(dt) << ": " << c.str() << ", " << seed_note();
+  }
+}
+
+TEST_F(DenseOps, RmsNorm) {
+  for (int64_t s : {1, 3, 17, 130})
+    for (int64_t n : {96, 100, 4096}) {
+      for (DType dt : {DType::kBF16, DType::kF32}) {
+        SCOPED_TRACE("rmsnorm S=" + std::to_string(s) + " n=" + std::to_string(n) + " " + dtype_name(dt));
+        OwnedWeight w = dt == DType::kBF16 ? gputest::random_bf16_weight(rng(), 1, n, *gpu, 0.3f, WeightMode::kBf16, 1.0f)
+                                           : gputest::random_f32_weight(rng(), 1, n, *gpu, 0.3f, 1.0f);
+        std::vector<float> xv = random_activation(rng(), s, n);
+        Tensor yc = cpu->rmsnorm(cpu->from_host_f32(xv, {s, n}), w.w, 1e-6f);
+        Tensor yg = gpu->rmsnorm(gpu->from_host_f32(xv, {s, n}), w.w, 1e-6f);
+        const Compare c = compare(gpu->to_host_f32(yg), cpu->to_host_f32(yc));
+        EXPECT_LE(c.max_ulp, 1.0) << c.str() << ", " << seed_note();
+        EXPECT_EQ(c.mismatches, 0) << "claimed bit-exact (same sum order as the CPU): " << c.str() << ", " << seed_note();
+      }
+    }
+}
+
+TEST_F(DenseOps, Rope) {
+  for (int64_t s : {1, 3, 17, 130})
+    for (auto [heads, head_dim, rope_dim] : {std::tuple<int, int, int>{1, 512, 64}, {3, 96, 64}, {8, 128, 32}})
+      for (bool inverse : {false, true}) {
+        SCOPED_TRACE("rope S=" + std::to_string(s) + " heads=" + std::to_string(heads) + " inverse=" +
+                     std::to_string(inverse));
+        RopeTable table;
+        for (int i = 0; i < rope_dim / 2; ++i)
+          table.freqs.push_back(static_cast<float>(std::pow(10000.0, -2.0 * i / rope_dim)) *
+                                (i % 5 == 0 ? 0.25f : 1.0f));
+        std::vector<int64_t> pos(static_cast<size_t>(s));
+        for (int64_t& p : pos) p = rng().uniform_int(0, 200000);
+        pos[0] = s > 1 ? 0 : (1 << 20) + 3;
+        std::vector<float> xv = random_activation(rng(), s, static_cast<int64_t>(heads) * head_dim);
+        Tensor xc = cpu->from_host_f32(xv, {s, static_cast<int64_t>(heads) * head_dim});
+        Tensor xg = gpu->from_host_f32(xv, {s, static_cast<int64_t>(heads) * head_dim});
+        cpu->rope(xc, heads, head_dim, rope_dim, pos, table, inverse);
+        gpu->rope(xg, heads, head_dim, rope_dim, pos, table, inverse);
+        const Compare c = compare(gpu->to_host_f32(xg), cpu->to_host_f32(xc));
+        if (c.mismatches) std::printf("[ info     ] rope mismatches (cos/sin ulps): %s\n", c.str().c_str());
+        EXPECT_LE(c.max_ulp, 1.0) << c.str() << ", " << seed_note();
+      }
+}
+
+TEST_F(DenseOps, RoundAndScaleBf16BitExact) {
+  std::vector<float> xv = random_activation(rng(), 13, 301);
+  xv[1] = INFINITY;
+  xv[2] = -INFINITY;
+  xv[3] = NAN;
+  xv[4] = 3.3895313e38f;  // rounds up to inf in bf16
+  xv[5] = 1e-40f;         // fp32 subnormal
+  xv[6] = -0.0f;
+  for (float factor : {1.0f, 0.0883883476f, -3.0f, 1e30f}) {
+    Tensor xc = cpu->from_host_f32(xv, {13, 301}), xg = gpu->from_host_f32(xv, {13, 301});
+    if (factor == 1.0f) {
+      cpu->round_bf16(xc);
+      gpu->round_bf16(xg);
+    } else {
+      cpu->scale_bf16(xc, factor);
+      gpu->scale_bf16(xg, factor);
+    }
+    const Compare c = compare(gpu->to_host_f32(xg), cpu->to_host_f32(xc));
+    EXPECT_EQ(c.mismatches, 0) << "factor " << factor << ": " << c.str() << ", " << seed_note();
+  }
+}
+
+// ---- qdq / packed rows ----------------------------------------------------------------------------------
+
+const char* format_name(RowFormat f) {
+  switch (f) {
+    case RowFormat::kFp8Ue8m0: return "fp8_ue8m0";
+    case RowFormat::kFp4E4m3: return "fp4_e4m3";
+    case RowFormat::kFp4Ue8m0: return "fp4_ue8m0";
+  }
+  return "?";
+}
+
+struct FormatCase {
+  RowFormat f;
+  int64_t dim;
+};
+const FormatCase kFormatCases[] = {{RowFormat::kFp8Ue8m0, 512}, {RowFormat::kFp8Ue8m0, 96},
+                                   {RowFormat::kFp4E4m3, 512},  {RowFormat::kFp4E4m3, 48},
+                                   {RowFormat::kFp4Ue8m0, 128}, {RowFormat::kFp4Ue8m0, 96}};
+
+TEST_F(DenseOps, QdqBitExact) {
+  for (const FormatCase& fc : kFormatCases)
+    for (int64_t s : {1, 3, 17, 130}) {
+      SCOPED_TRACE(std::string("qdq ") + format_name(fc.f) + " dim=" + std::to_string(fc.dim) + " S=" + std::to_string(s));
+      std::vector<float> xv = random_quant_rows(rng(), s, fc.dim);
+      if (s == 17) {  // non-finite values: NaN codes; compared as NaN == NaN
+        xv[5] = NAN;
+        xv[fc.dim + 3] = INFINITY;
+        xv[2 * fc.dim + 40 % fc.dim] = -INFINITY;
+      }
+      Tensor xc = cpu->from_host_f32(xv, {s, fc.dim}), xg = gpu->from_host_f32(xv, {s, fc.dim});
+      cpu->qdq(xc, fc.f);
+      gpu->qdq(xg, fc.f);
+      const Compare c = compare(gpu->to_host_f32(xg), cpu->to_host_f32(xc));
+      EXPECT_EQ(c.mismatches, 0) << c.str() << ", " << seed_note();
+    }
+}
+
+std::vector<uint8_t> device_bytes(const Tensor& t) {
+  std::vector<uint8_t> v(static_cast<size_t>(t.numel()));
+  if (!v.empty()) {
+    EXPECT_EQ(cudaMemcpy(v.data(), t.data, v.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  return v;
+}
+
+TEST_F(DenseOps, PackUnpackBitExact) {
+  for (const FormatCase& fc : kFormatCases) {
+    SCOPED_TRACE(std::string("pack ") + format_name(fc.f) + " dim=" + std::to_string(fc.dim));
+    const int64_t cache_rows = 40, rb = packed_row_bytes(fc.f, fc.dim);
+    Tensor cc = cpu->zeros(TType::kU8, {cache_rows, rb}), cg = gpu->zeros(TType::kU8, {cache_rows, rb});
+    // pack 17 raw rows and 9 qdq'd rows into distinct random slots
+    std::vector<int64_t> perm(cache_rows);
+    for (int64_t i = 0; i < cache_rows; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng().gen);
+    for (int pass = 0; pass < 2; ++pass) {
+      const int64_t s = pass == 0 ? 17 : 9;
+      std::vector<int64_t> slots(perm.begin() + (pass == 0 ? 0 : 17), perm.begin() + (pass == 0 ? 17 : 26));
+      std::vector<float> xv = random_quant_rows(rng(), s, fc.dim);
+      Tensor xc = cpu->from_host_f32(xv, {s, fc.dim}), xg = gpu->from_host_f32(xv, {s, fc.dim});
+      if (pass == 1) {
+        cpu->qdq(xc, fc.f);
+        gpu->qdq(xg, fc.f);
+      }
+      cpu->pack_rows(xc, fc.f, cc, slots);
+      gpu->pack_rows(xg, fc.f, cg, slots);
+    }
+    std::vector<uint8_t> want(cc.u8(), cc.u8() + cc.numel()), got = device_bytes(cg);
+    int64_t first = -1;
+    for (size_t i = 0; i < want.size() && first < 0; ++i)
+      if (want[i] != got[i]) first = static_cast<int64_t>(i);
+    EXPECT_EQ(first, -1) << "first differing byte at row " << first / rb << " offset " << first % rb << ", "
+                         << seed_note();
+    // unpack: any slots (repeats allowed), from the packed cache and from random bytes
+    std::vector<int64_t> slots(23);
+    for (int64_t& sl : slots) sl = rng().uniform_int(0, cache_rows - 1);
+    for (int src = 0; src < 2; ++src) {
+      if (src == 1) {
+        std::vector<uint8_t> noise(static_cast<size_t>(cc.numel()));
+        for (uint8_t& b : noise) b = static_cast<uint8_t>(rng().uniform_int(0, 255));
+        std::memcpy(cc.u8(), noise.data(), noise.size());
+        ASSERT_EQ(cudaMemcpy(cg.data, noise.data(), noise.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      }
+      Tensor yc = cpu->unpack_rows(cc, fc.f, fc.dim, slots), yg = gpu->unpack_rows(cg, fc.f, fc.dim, slots);
+      ASSERT_EQ(yg.shape, (std::vector<int64_t>{23, fc.dim}));
+      const Compare c = compare(gpu->to_host_f32(yg), cpu->to_host_f32(yc));
+      EXPECT_EQ(c.mismatches, 0) << (src ? "random bytes: " : "packed rows: ") << c.str() << ", " << seed_note();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace di
