@@ -1,18 +1,481 @@
-// CUDA backend ops (placeholder definitions until the kernels land).
+// CUDA backend: sparse attention with the sink, compressor pooling, the lightning indexer's scores,
+// candidate blocks and top-k selection (semantics: src/backend/cpu/cpu_attention.cpp).
+//
+// Tie modes of the selections: kLowestIndex runs on the device (attn_topk.cu). kTorch is the
+// reference-compatibility path: the rows are copied to the host and the CPU's own routine
+// (cpu::torch_topk_indices: libstdc++ partial_sort / nth_element on (value, index) pairs, as
+// torch.topk on the CPU) picks the elements, so the choice among tied values is exactly the CPU's.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "backend/cpu/torch_topk.h"
+#include "backend/cuda/attn_common.cuh"
+#include "backend/cuda/attn_topk.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "core/thread_pool.h"
 
 namespace di {
+namespace {
 
-Tensor CudaBackend::hc_mixes(const Tensor&, int, const Weight&, const Weight&, const Weight&, float, int, float) { throw Error("cuda op hc_mixes: not implemented yet"); }
-Tensor CudaBackend::hc_pre(const Tensor&, const Tensor&, int) { throw Error("cuda op hc_pre: not implemented yet"); }
-Tensor CudaBackend::hc_post(const Tensor&, const Tensor&, const Tensor&, int) { throw Error("cuda op hc_post: not implemented yet"); }
-Tensor CudaBackend::stream_mean(const Tensor&, int) { throw Error("cuda op stream_mean: not implemented yet"); }
-Tensor CudaBackend::sparse_attention(const Tensor&, int, const Tensor&, const Tensor&, const Weight&, float) { throw Error("cuda op sparse_attention: not implemented yet"); }
-Tensor CudaBackend::softmax_pool(const Tensor&, const Tensor&, int) { throw Error("cuda op softmax_pool: not implemented yet"); }
-Tensor CudaBackend::index_scores(const Tensor&, int, const Tensor&, const Tensor&, const std::vector<int64_t>&) { throw Error("cuda op index_scores: not implemented yet"); }
-Tensor CudaBackend::select_candidates(const Tensor&, const std::vector<int64_t>&, int, int, TieBreak) { throw Error("cuda op select_candidates: not implemented yet"); }
-void CudaBackend::mask_scores(Tensor&, const Tensor&) { throw Error("cuda op mask_scores: not implemented yet"); }
-Tensor CudaBackend::topk_indices(const Tensor&, int, const std::vector<int64_t>&, int, TieBreak) { throw Error("cuda op topk_indices: not implemented yet"); }
+using cuda::attn::Scratch;
+using cuda::attn::WType;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- sparse attention -----------------------------------------------------------------------------
+
+constexpr int kAttnBlock = 64;   // the reference kernel's index block
+constexpr int kAttnWarps = 8;
+constexpr int kHeadsPerWarp = 2;
+
+// One halving step of transpose_reduce16: lanes with bit `kHalf` set keep the upper half.
+template <int kHalf>
+__device__ __forceinline__ void transpose_step(float (&v)[16], int lane) {
+  const bool upper = (lane & kHalf) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float lo = v[i], hi = v[i + kHalf];
+    const float send = upper ? lo : hi;
+    v[i] = (upper ? hi : lo) + __shfl_xor_sync(0xffffffffu, send, kHalf);
+  }
+}
+
+// v[16] per lane -> every lane returns sum over the warp of v[lane & 15] (16 shuffles for 16 sums).
+__device__ __forceinline__ float transpose_reduce16(float (&v)[16], int lane) {
+  transpose_step<8>(v, lane);
+  transpose_step<4>(v, lane);
+  transpose_step<2>(v, lane);
+  transpose_step<1>(v, lane);
+  return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 16);
+}
+
+// One block per (query row, group of 16 heads); each warp owns 2 heads, each lane DPL of the Dh
+// dims (d = lane + 32 c). Per 64-index block the gathered kv rows [64, Dh] are staged in shared
+// memory once and read by every head of the block. Per row and head: L x Dh x 2 FMAs (QK and PV);
+// global reads: L kv rows per head group.
+template <int DPL>
+__global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
+    const float* __restrict__ q, const float* __restrict__ kv, int64_t n_kv, const int32_t* __restrict__ idx,
+    int64_t len, const uint8_t* sink, WType sink_t, float scale, int heads, int dh, float* __restrict__ out) {
+  constexpr int kHpw = kHeadsPerWarp;
+  extern __shared__ float4 smem4[];
+  float* tile = reinterpret_cast<float*>(smem4);  // [64, dh]
+  __shared__ int32_t ids[kAttnBlock];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  float* pbuf = tile + kAttnBlock * dh + warp * kHpw * kAttnBlock;  // [kHpw, 64] bf16 probabilities
+  const int64_t r = blockIdx.x;
+  const int h0 = (blockIdx.y * nwarps + warp) * kHpw;
+
+  float qv[kHpw][DPL], acc[kHpw][DPL], run_max[kHpw], sum_exp[kHpw];
+#pragma unroll
+  for (int hh = 0; hh < kHpw; ++hh) {
+    run_max[hh] = -1e30f;
+    sum_exp[hh] = 0;
+#pragma unroll
+    for (int c = 0; c < DPL; ++c) {
+      const int d = lane + 32 * c, h = h0 + hh;
+      qv[hh][c] = (h < heads && d < dh) ? q[(r * heads + h) * dh + d] : 0.0f;
+      acc[hh][c] = 0;
+    }
+  }
+
+  for (int64_t blk = 0; blk < len; blk += kAttnBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kAttnBlock, len - blk));
+    __syncthreads();  // the previous tile and ids are consumed
+    if (threadIdx.x < kAttnBlock) {
+      int32_t id = threadIdx.x < n ? idx[r * len + blk + threadIdx.x] : -1;
+      ids[threadIdx.x] = (id >= 0 && id < n_kv) ? id : -1;  // out-of-range ids are skipped like -1
+    }
+    __syncthreads();
+    if (dh % 4 == 0) {
+      const int row4 = dh / 4;
+      for (int e = threadIdx.x; e < kAttnBlock * row4; e += blockDim.x) {
+        const int j = e / row4, d4 = e % row4, id = ids[j];
+        smem4[e] = id >= 0 ? __ldg(reinterpret_cast<const float4*>(kv + static_cast<int64_t>(id) * dh) + d4)
+                           : make_float4(0, 0, 0, 0);
+      }
+    } else {
+      for (int e = threadIdx.x; e < kAttnBlock * dh; e += blockDim.x) {
+        const int j = e / dh, d = e % dh, id = ids[j];
+        tile[e] = id >= 0 ? __ldg(kv + static_cast<int64_t>(id) * dh + d) : 0.0f;
+      }
+    }
+    __syncthreads();
+
+    // Scores of 16 indices at a time into pbuf (lane l < 16 writes index ch * 16 + l).
+#pragma unroll 1
+    for (int ch = 0; ch < 4; ++ch) {
+      float part[kHpw][16];
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj) {
+        const float* row = tile + (ch * 16 + jj) * dh;
+#pragma unroll
+        for (int hh = 0; hh < kHpw; ++hh) part[hh][jj] = 0;
+#pragma unroll
+        for (int c = 0; c < DPL; ++c) {
+          const int d = lane + 32 * c;
+          if (d < dh) {
+            const float x = row[d];
+#pragma unroll
+            for (int hh = 0; hh < kHpw; ++hh) part[hh][jj] = fmaf(qv[hh][c], x, part[hh][jj]);
+          }
+        }
+      }
+      const bool valid = ids[ch * 16 + (lane & 15)] >= 0;
+#pragma unroll
+      for (int hh = 0; hh < kHpw; ++hh) {
+        const float dot = transpose_reduce16(part[hh], lane);
+        if (lane < 16) pbuf[hh * kAttnBlock + ch * 16 + lane] = valid ? dot * scale : kNegInf;
+      }
+    }
+    __syncwarp();
+
+    // Online softmax update (fp32 p into the denominator, bf16 p into PV); lane: indices l, l + 32.
+#pragma unroll
+    for (int hh = 0; hh < kHpw; ++hh) {
+      float* ph = pbuf + hh * kAttnBlock;
+      const float s0 = ph[lane], s1 = ph[lane + 32];
+      float bmax = fmaxf(s0, s1);
+#pragma unroll
+      for (int o = 1; o < 32; o *= 2) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, o));
+      const float new_max = cuda::attn::std_max(run_max[hh], bmax);
+      const float rescale = expf(run_max[hh] - new_max);
+      const float p0 = s0 == kNegInf ? 0.0f : expf(s0 - new_max);
+      const float p1 = s1 == kNegInf ? 0.0f : expf(s1 - new_max);
+      float psum = p0 + p1;
+#pragma unroll
+      for (int o = 1; o < 32; o *= 2) psum += __shfl_xor_sync(0xffffffffu, psum, o);
+      ph[lane] = cuda::round_bf16(p0);
+      ph[lane + 32] = cuda::round_bf16(p1);
+      sum_exp[hh] = sum_exp[hh] * rescale + psum;
+      run_max[hh] = new_max;
+#pragma unroll
+      for (int c = 0; c < DPL; ++c) acc[hh][c] *= rescale;
+    }
+    __syncwarp();
+
+    // PV: acc[d] += bf16(p_j) * kv_j[d].
+    for (int j = 0; j < n; ++j) {
+      float pj[kHpw];
+#pragma unroll
+      for (int hh = 0; hh < kHpw; ++hh) pj[hh] = pbuf[hh * kAttnBlock + j];
+      const float* row = tile + j * dh;
+#pragma unroll
+      for (int c = 0; c < DPL; ++c) {
+        const int d = lane + 32 * c;
+        if (d < dh) {
+          const float x = row[d];
+#pragma unroll
+          for (int hh = 0; hh < kHpw; ++hh) acc[hh][c] = fmaf(pj[hh], x, acc[hh][c]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int hh = 0; hh < kHpw; ++hh) {
+    const int h = h0 + hh;
+    if (h >= heads) continue;
+    const float total = sum_exp[hh] + expf(cuda::attn::weight_elem(sink, sink_t, h) - run_max[hh]);
+#pragma unroll
+    for (int c = 0; c < DPL; ++c) {
+      const int d = lane + 32 * c;
+      if (d < dh) out[(r * heads + h) * dh + d] = cuda::round_bf16(acc[hh][c] / total);
+    }
+  }
+}
+
+template <int DPL>
+void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const float* kv, int64_t n_kv,
+                             const int32_t* idx, int64_t len, const uint8_t* sink, WType sink_t, float scale,
+                             float* out) {
+  const int nwarps = std::min(kAttnWarps, (heads + kHeadsPerWarp - 1) / kHeadsPerWarp);
+  const int groups = (heads + nwarps * kHeadsPerWarp - 1) / (nwarps * kHeadsPerWarp);
+  const size_t smem = (static_cast<size_t>(kAttnBlock) * dh + static_cast<size_t>(nwarps) * kHeadsPerWarp * kAttnBlock) *
+                      sizeof(float);
+  static const bool attr_set = [] {
+    const size_t max_smem =
+        (static_cast<size_t>(kAttnBlock) * 32 * DPL + static_cast<size_t>(kAttnWarps) * kHeadsPerWarp * kAttnBlock) *
+        sizeof(float);
+    DI_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_kernel<DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(max_smem)));
+    return true;
+  }();
+  (void)attr_set;
+  sparse_attention_kernel<DPL><<<dim3(static_cast<unsigned>(s), static_cast<unsigned>(groups)), nwarps * 32, smem>>>(
+      q, kv, n_kv, idx, len, sink, sink_t, scale, heads, dh, out);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+// ---- softmax pooling ------------------------------------------------------------------------------
+
+// One thread per (group, channel): ratio x 2 reads, column-coalesced. CPU order and exp (exp_ref).
+__global__ void softmax_pool_kernel(const float* __restrict__ kv, const float* __restrict__ score, int ratio, int64_t d,
+                                    int64_t total, float* __restrict__ out) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = e / d, c = e % d;
+    const float* sc = score + j * ratio * d + c;
+    const float* kc = kv + j * ratio * d + c;
+    float mx = kNegInf;
+    for (int t = 0; t < ratio; ++t) mx = cuda::attn::std_max(mx, sc[t * d]);
+    float sum = 0;
+    for (int t = 0; t < ratio; ++t) sum = __fadd_rn(sum, cuda::attn::exp_ref(__fsub_rn(sc[t * d], mx)));
+    float acc = 0;
+    for (int t = 0; t < ratio; ++t)
+      acc = __fadd_rn(acc, __fmul_rn(kc[t * d], __fdiv_rn(cuda::attn::exp_ref(__fsub_rn(sc[t * d], mx)), sum)));
+    out[e] = acc;
+  }
+}
+
+// ---- index scores ---------------------------------------------------------------------------------
+
+// One block per (tile of positions, query row), one thread per position. The query row [heads, hd],
+// its head weights and the tile's keys sit in shared memory; each dot runs in cpu::dot's exact
+// fp32 order, so the scores are bit-identical to the CPU's. heads x hd multiplies per position.
+__global__ void index_scores_kernel(const float* __restrict__ q, int heads, int hd, const float* __restrict__ keys,
+                                    int64_t t_len, const float* __restrict__ w, const int64_t* __restrict__ visible,
+                                    int64_t row0, float* __restrict__ out) {
+  extern __shared__ float smem[];
+  const int tile = blockDim.x, kstride = hd + 1;  // +1: conflict-free column reads
+  float* qs = smem;                               // [heads * hd]
+  float* ws = qs + heads * hd;                    // [heads]
+  float* ks = ws + heads;                         // [tile, hd + 1]
+  const int64_t r = row0 + blockIdx.y, t0 = static_cast<int64_t>(blockIdx.x) * tile;
+  const int64_t vis = visible[r];
+  const int64_t n_load = std::max<int64_t>(0, std::min<int64_t>(std::min<int64_t>(tile, t_len - t0), vis - t0));
+  if (n_load > 0) {
+    for (int i = threadIdx.x; i < heads * hd; i += tile) qs[i] = q[r * heads * hd + i];
+    for (int i = threadIdx.x; i < heads; i += tile) ws[i] = w[r * heads + i];
+    for (int64_t e = threadIdx.x; e < n_load * hd; e += tile)
+      ks[(e / hd) * kstride + e % hd] = keys[(t0 + e / hd) * hd + e % hd];
+  }
+  __syncthreads();
+  const int64_t t = t0 + threadIdx.x;
+  if (t >= t_len) return;
+  if (t >= vis) {
+    out[r * t_len + t] = kNegInf;
+    return;
+  }
+  const float* kt = ks + threadIdx.x * kstride;
+  float acc = 0;
+  for (int h = 0; h < heads; ++h) {
+    float qk = cuda::round_bf16(cuda::attn::cpu_dot_exact(qs + h * hd, kt, hd));
+    qk = qk < 0.0f ? 0.0f : qk;  // std::max(qk, 0.0f)
+    acc = __fadd_rn(acc, cuda::round_bf16(__fmul_rn(qk, ws[h])));
+  }
+  out[r * t_len + t] = cuda::round_bf16(acc);
+}
+
+// ---- candidate blocks -----------------------------------------------------------------------------
+
+// bs[r, b] = max of block b of row r (std::max order), the query's newest block pinned to +inf.
+__global__ void block_max_kernel(const float* __restrict__ scores, int64_t width, int block_size, int64_t n_blocks,
+                                 const int64_t* __restrict__ last, int64_t total, float* __restrict__ bs) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / n_blocks, b = e % n_blocks;
+    const float* sc = scores + r * width;
+    float m = kNegInf;
+    for (int64_t p = b * block_size; p < std::min<int64_t>(width, (b + 1) * block_size); ++p)
+      m = cuda::attn::std_max(m, sc[p]);
+    bs[e] = b == last[r] ? std::numeric_limits<float>::infinity() : m;
+  }
+}
+
+// flags[r, list[r, i]] = 1 for the listed blocks whose score is finite.
+__global__ void mark_blocks_kernel(const int32_t* __restrict__ list, int64_t keep, const float* __restrict__ bs,
+                                   int64_t n_blocks, int64_t total, uint8_t* __restrict__ flags) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / keep;
+    const int32_t b = list[e];
+    if (b >= 0 && bs[r * n_blocks + b] > kNegInf) flags[r * n_blocks + b] = 1;
+  }
+}
+
+// mask[r, p] = flags[r, p / block_size].
+__global__ void expand_blocks_kernel(const uint8_t* __restrict__ flags, int64_t n_blocks, int64_t width, int block_size,
+                                     int64_t total, uint8_t* __restrict__ mask) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / width, p = e % width;
+    mask[e] = flags[r * n_blocks + p / block_size];
+  }
+}
+
+__global__ void mask_scores_kernel(float* __restrict__ scores, const uint8_t* __restrict__ keep, int64_t total) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    if (!keep[e]) scores[e] = kNegInf;
+}
+
+constexpr int kElemThreads = 256;
+unsigned elem_blocks(int64_t total) {
+  return static_cast<unsigned>(std::min<int64_t>(cuda::blocks_for(total, kElemThreads), 65536));
+}
+
+}  // namespace
+
+Tensor CudaBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx, const Weight& sink,
+                                     float softmax_scale) {
+  const int64_t s = q.rows(), d = kv.row_size(), len = idx.row_size();
+  DI_CHECK(q.type == TType::kF32 && kv.type == TType::kF32 && idx.type == TType::kI32);
+  DI_CHECK(heads > 0 && q.row_size() == heads * d && idx.rows() == s);
+  DI_CHECK(sink.rows * sink.cols >= heads);
+  const WType sink_t = cuda::attn::weight_type(sink, "sparse_attention", "sink");
+  Tensor out = alloc(TType::kF32, {s, heads * d});
+  if (s == 0 || d == 0) return out;
+  if (d > 512)
+    throw Error("cuda op sparse_attention: head dim " + std::to_string(d) + " is not supported (at most 512)");
+  const int dh = static_cast<int>(d);
+  const uint8_t* sk = cuda::wdata(sink);
+  const int need = (dh + 31) / 32;
+  if (need <= 1) launch_sparse_attention<1>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32());
+  else if (need <= 2) launch_sparse_attention<2>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32());
+  else if (need <= 4) launch_sparse_attention<4>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32());
+  else if (need <= 8) launch_sparse_attention<8>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32());
+  else launch_sparse_attention<16>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32());
+  return out;
+}
+
+Tensor CudaBackend::softmax_pool(const Tensor& kv, const Tensor& score, int ratio) {
+  DI_CHECK(ratio > 0);
+  const int64_t d = kv.row_size(), g = kv.rows() / ratio;
+  DI_CHECK(kv.rows() % ratio == 0 && score.rows() == kv.rows() && score.row_size() == d);
+  Tensor out = alloc(TType::kF32, {g, d});
+  const int64_t total = g * d;
+  if (total == 0) return out;
+  softmax_pool_kernel<<<elem_blocks(total), kElemThreads>>>(kv.f32(), score.f32(), ratio, d, total, out.f32());
+  DI_CUDA_LAUNCH_CHECK();
+  return out;
+}
+
+Tensor CudaBackend::index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
+                                 const std::vector<int64_t>& visible) {
+  const int64_t s = q.rows(), hd = keys.row_size(), t_len = keys.rows();
+  DI_CHECK(heads > 0 && q.row_size() == heads * hd && w.row_size() == heads && w.rows() == s &&
+           static_cast<int64_t>(visible.size()) == s);
+  Tensor out = alloc(TType::kF32, {s, t_len});
+  if (s == 0 || t_len == 0) return out;
+  // Positions per block: 128 unless the query row and key tile overflow shared memory.
+  int tile = 128;
+  auto smem_for = [&](int t) { return static_cast<size_t>(heads * hd + heads + t * (hd + 1)) * sizeof(float); };
+  constexpr size_t kMaxSmem = 200 * 1024;
+  while (tile > 32 && smem_for(tile) > kMaxSmem) tile /= 2;
+  if (smem_for(tile) > kMaxSmem)
+    throw Error("cuda op index_scores: " + std::to_string(heads) + " heads x " + std::to_string(hd) +
+                " dims do not fit in shared memory");
+  static const bool attr_set = [] {
+    DI_CUDA_CHECK(cudaFuncSetAttribute(index_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kMaxSmem)));
+    return true;
+  }();
+  (void)attr_set;
+  Scratch vis = cuda::attn::upload(visible);
+  const unsigned tiles = static_cast<unsigned>((t_len + tile - 1) / tile);
+  for (int64_t row0 = 0; row0 < s; row0 += 65535) {
+    const unsigned nb = static_cast<unsigned>(std::min<int64_t>(65535, s - row0));
+    index_scores_kernel<<<dim3(tiles, nb), tile, smem_for(tile)>>>(q.f32(), heads, static_cast<int>(hd), keys.f32(),
+                                                                   t_len, w.f32(), vis.as<int64_t>(), row0, out.f32());
+    DI_CUDA_LAUNCH_CHECK();
+  }
+  return out;
+}
+
+Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks,
+                                      int block_size, TieBreak ties) {
+  const int64_t s = scores.rows(), width = scores.row_size();
+  DI_CHECK(block_size > 0 && topk_blocks >= 0 && static_cast<int64_t>(visible.size()) == s);
+  const int64_t n_blocks = (width + block_size - 1) / block_size;
+  Tensor mask = zeros(TType::kU8, {s, width});
+  if (s == 0 || n_blocks == 0) return mask;
+  const int64_t keep = std::min<int64_t>(topk_blocks, n_blocks);
+  std::vector<int64_t> last(s), reach(s), kr(s);
+  for (int64_t r = 0; r < s; ++r) {
+    last[r] = visible[r] > 0 ? (visible[r] - 1) / block_size : -1;
+    reach[r] = last[r] >= 0 ? std::min<int64_t>(n_blocks, last[r] + 1) : 0;
+    kr[r] = std::min(keep, reach[r]);
+  }
+  // Block scores [S, n_blocks] with the newest block pinned.
+  Scratch bs(static_cast<size_t>(s * n_blocks) * sizeof(float)), last_dev = cuda::attn::upload(last);
+  block_max_kernel<<<elem_blocks(s * n_blocks), kElemThreads>>>(scores.f32(), width, block_size, n_blocks,
+                                                                last_dev.as<int64_t>(), s * n_blocks, bs.as<float>());
+  DI_CUDA_LAUNCH_CHECK();
+  Scratch flags;
+  if (ties == TieBreak::kTorch) {
+    // Reference-compatibility path: torch.topk's choice among ties, by the CPU's own routine.
+    std::vector<float> host(static_cast<size_t>(s * n_blocks));
+    DI_CUDA_CHECK(cudaMemcpy(host.data(), bs.as<float>(), host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<uint8_t> fl(host.size(), 0);
+    parallel_for(s, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const float* row = host.data() + r * n_blocks;
+        for (int64_t blk : cpu::torch_topk_indices(row, n_blocks, keep))
+          if (row[blk] > kNegInf) fl[r * n_blocks + blk] = 1;
+      }
+    });
+    flags = cuda::attn::upload(fl);
+  } else {
+    flags = Scratch(static_cast<size_t>(s * n_blocks));
+    DI_CUDA_CHECK(cudaMemsetAsync(flags.as<uint8_t>(), 0, static_cast<size_t>(s * n_blocks), 0));
+    if (keep > 0) {
+      Scratch list(static_cast<size_t>(s * keep) * sizeof(int32_t));
+      cuda::attn::topk_lowest_index(bs.as<float>(), s, n_blocks, reach, kr, keep, 0, list.as<int32_t>());
+      mark_blocks_kernel<<<elem_blocks(s * keep), kElemThreads>>>(list.as<int32_t>(), keep, bs.as<float>(), n_blocks,
+                                                                  s * keep, flags.as<uint8_t>());
+      DI_CUDA_LAUNCH_CHECK();
+    }
+  }
+  expand_blocks_kernel<<<elem_blocks(s * width), kElemThreads>>>(flags.as<uint8_t>(), n_blocks, width, block_size,
+                                                                 s * width, mask.u8());
+  DI_CUDA_LAUNCH_CHECK();
+  return mask;
+}
+
+void CudaBackend::mask_scores(Tensor& scores, const Tensor& keep_mask) {
+  DI_CHECK(keep_mask.numel() == scores.numel() && keep_mask.type == TType::kU8 && scores.type == TType::kF32);
+  const int64_t total = scores.numel();
+  if (total == 0) return;
+  mask_scores_kernel<<<elem_blocks(total), kElemThreads>>>(scores.f32(), keep_mask.u8(), total);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+Tensor CudaBackend::topk_indices(const Tensor& scores, int k, const std::vector<int64_t>& visible, int offset,
+                                 TieBreak ties) {
+  const int64_t s = scores.rows(), width = scores.row_size();
+  DI_CHECK(k >= 0 && k <= width && static_cast<int64_t>(visible.size()) == s);
+  Tensor out = alloc(TType::kI32, {s, k});
+  if (s == 0 || k == 0) return out;
+  if (ties == TieBreak::kTorch) {
+    // Reference-compatibility path: the rows go to the host and the CPU's own routine picks the
+    // elements torch.topk picks (exactly the CPU backend's result, ties included).
+    std::vector<float> host(static_cast<size_t>(s * width));
+    DI_CUDA_CHECK(cudaMemcpy(host.data(), scores.f32(), host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<int32_t> res(static_cast<size_t>(s * k));
+    parallel_for(s, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        std::vector<int64_t> order = cpu::torch_topk_indices(host.data() + r * width, width, k);
+        std::sort(order.begin(), order.end());
+        for (int i = 0; i < k; ++i)
+          res[r * k + i] = i < static_cast<int>(order.size()) && order[i] < visible[r]
+                               ? static_cast<int32_t>(order[i] + offset)
+                               : -1;
+      }
+    });
+    DI_CUDA_CHECK(cudaMemcpy(out.i32(), res.data(), res.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    return out;
+  }
+  // Only visible positions can be picked; the rest of the row stays -1.
+  std::vector<int64_t> n(s), kr(s);
+  for (int64_t r = 0; r < s; ++r) {
+    n[r] = std::clamp<int64_t>(visible[r], 0, width);
+    kr[r] = std::min<int64_t>(k, n[r]);
+  }
+  cuda::attn::topk_lowest_index(scores.f32(), s, width, n, kr, k, offset, out.i32());
+  return out;
+}
 
 }  // namespace di

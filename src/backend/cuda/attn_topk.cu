@@ -1,0 +1,216 @@
+// Exact top-k with ties to the lowest index (TieBreak::kLowestIndex) on the device.
+//
+// Order: (value desc, index asc), a strict total order, so the selected set is unique. Each value
+// becomes a 32-bit key (smaller = better, attn::desc_key); a block-wide radix select (4 passes of
+// 8 bits, warp-aggregated shared-memory histograms) finds the k-th smallest key T and how many
+// elements equal to T are needed; a pass in index order then keeps every key < T and the first
+// `need` keys == T, compacting them with block prefix counts, so the output is already ascending.
+//
+// Long rows (500k positions) run in two stages so that a single row still spreads over the GPU:
+// stage A selects the top-k of each chunk of C positions (one block per chunk) into a candidate
+// list; stage B selects the top-k of a row's candidates. The global top-k is contained in the union
+// of the chunk top-k's, and candidates stay in index order, so stage B's ties resolve the same way.
+#include <algorithm>
+
+#include "backend/cuda/attn_common.cuh"
+#include "backend/cuda/attn_topk.cuh"
+
+namespace di::cuda::attn {
+namespace {
+
+constexpr int kSelThreads = 512;
+constexpr int kSelWarps = kSelThreads / 32;
+constexpr int64_t kMinChunk = 8192;                   // positions per stage-A block
+constexpr int64_t kMaxCandidateBytes = 64ll << 20;     // candidate scratch per batch of rows
+
+struct SelectShared {
+  uint32_t hist[256];
+  uint32_t warp_a[kSelWarps], warp_b[kSelWarps];
+  uint32_t bin, rem;
+};
+
+// Threshold of the kk smallest keys among m: T = the kk-th smallest key, need = how many keys
+// equal to T belong to the selection (>= 1). kk >= 1, kk <= m. Every thread gets the result.
+template <class Key>
+__device__ void radix_threshold(const Key& key, int64_t m, int64_t kk, SelectShared& sh, uint32_t& t_out,
+                                uint32_t& need_out) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t m_round = (m + kSelThreads - 1) / kSelThreads * kSelThreads;
+  uint32_t prefix = 0, rem = static_cast<uint32_t>(kk);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += kSelThreads) sh.hist[i] = 0;
+    __syncthreads();
+    const uint32_t himask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+    for (int64_t i = threadIdx.x; i < m_round; i += kSelThreads) {
+      const bool in = i < m;
+      const uint32_t u = in ? key(i) : 0u;
+      const bool take = in && (u & himask) == prefix;
+      const uint32_t bin = (u >> shift) & 255u;
+      const unsigned active = __ballot_sync(0xffffffffu, take);
+      if (take) {  // one shared atomic per distinct bin per warp (score rows hold many exact ties)
+        const unsigned peers = __match_any_sync(active, bin);
+        if (lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], static_cast<uint32_t>(__popc(peers)));
+      }
+    }
+    __syncthreads();
+    if (warp == 0) {
+      uint32_t c[8], tot = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) tot += (c[b] = sh.hist[lane * 8 + b]);
+      uint32_t incl = tot;
+      for (int o = 1; o < 32; o *= 2) {
+        const uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const uint32_t excl = incl - tot;
+      const unsigned here = __ballot_sync(0xffffffffu, excl < rem && rem <= incl);
+      if (lane == __ffs(here) - 1) {
+        uint32_t cum = excl;
+        for (int b = 0; b < 8; ++b) {
+          if (cum + c[b] >= rem) {
+            sh.bin = static_cast<uint32_t>(lane * 8 + b);
+            sh.rem = rem - cum;
+            break;
+          }
+          cum += c[b];
+        }
+      }
+    }
+    __syncthreads();
+    prefix |= sh.bin << shift;
+    rem = sh.rem;
+    __syncthreads();  // sh.bin / sh.rem are rewritten by the next pass
+  }
+  t_out = prefix;
+  need_out = rem;
+}
+
+// Visits the selected positions in index order: emit(pos, i) with pos = rank among the selected.
+template <class Key, class Emit>
+__device__ void compact_selected(const Key& key, int64_t m, int64_t kk, uint32_t t, uint32_t need, SelectShared& sh,
+                                 const Emit& emit) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const unsigned lt_mask = (1u << lane) - 1u;
+  uint32_t ties_before = 0, sel_before = 0;  // over earlier tiles (block-uniform)
+  for (int64_t tile = 0; tile < m && sel_before < kk; tile += kSelThreads) {
+    const int64_t i = tile + threadIdx.x;
+    const bool in = i < m;
+    const uint32_t u = in ? key(i) : 0xffffffffu;
+    const bool less = in && u < t, tie = in && u == t;
+    const unsigned tb = __ballot_sync(0xffffffffu, tie);
+    if (lane == 0) sh.warp_a[warp] = static_cast<uint32_t>(__popc(tb));
+    __syncthreads();
+    uint32_t tie_rank = ties_before + static_cast<uint32_t>(__popc(tb & lt_mask)), tile_ties = 0;
+    for (int w = 0; w < kSelWarps; ++w) {
+      if (w < warp) tie_rank += sh.warp_a[w];
+      tile_ties += sh.warp_a[w];
+    }
+    const bool sel = less || (tie && tie_rank < need);
+    const unsigned sb = __ballot_sync(0xffffffffu, sel);
+    if (lane == 0) sh.warp_b[warp] = static_cast<uint32_t>(__popc(sb));
+    __syncthreads();
+    uint32_t pos = sel_before + static_cast<uint32_t>(__popc(sb & lt_mask)), tile_sel = 0;
+    for (int w = 0; w < kSelWarps; ++w) {
+      if (w < warp) pos += sh.warp_b[w];
+      tile_sel += sh.warp_b[w];
+    }
+    if (sel) emit(pos, i);
+    ties_before += tile_ties;
+    sel_before += tile_sel;
+    __syncthreads();  // warp_a / warp_b are rewritten by the next tile
+  }
+}
+
+// Stage A: one block per (chunk, row). Reads a chunk of <= C values 5 times (L1/L2-resident). With
+// one chunk the result is final; otherwise min(k, len) (key, index) candidates per chunk.
+__global__ void __launch_bounds__(kSelThreads) select_chunk_kernel(
+    const float* __restrict__ values, int64_t stride, int64_t row0, const int64_t* __restrict__ n_rows,
+    const int64_t* __restrict__ k_rows, int64_t chunk, int64_t n_chunks, int64_t kmax, uint32_t* __restrict__ cand_u,
+    int32_t* __restrict__ cand_i, int64_t out_k, int32_t offset, int32_t* __restrict__ out) {
+  __shared__ SelectShared sh;
+  const int64_t rb = blockIdx.y, r = row0 + rb, c = blockIdx.x;
+  const int64_t n = n_rows[r], k = k_rows[r], base = c * chunk;
+  const int64_t len = std::min(chunk, n - base);
+  if (len <= 0 || k <= 0) return;
+  const int64_t kk = std::min(k, len);
+  const float* row = values + r * stride + base;
+  auto key = [&](int64_t i) { return desc_key(__ldg(row + i)); };
+  uint32_t t, need;
+  radix_threshold(key, len, kk, sh, t, need);
+  if (n <= chunk) {
+    int32_t* o = out + r * out_k;
+    compact_selected(key, len, kk, t, need, sh,
+                     [&](uint32_t pos, int64_t i) { o[pos] = static_cast<int32_t>(i + offset); });
+  } else {
+    const int64_t slot = (rb * n_chunks + c) * kmax;
+    compact_selected(key, len, kk, t, need, sh, [&](uint32_t pos, int64_t i) {
+      cand_u[slot + pos] = key(i);
+      cand_i[slot + pos] = static_cast<int32_t>(base + i);
+    });
+  }
+}
+
+// Stage B: one block per multi-chunk row, over its candidates (every full chunk gave k of them).
+__global__ void __launch_bounds__(kSelThreads) select_candidates_kernel(
+    int64_t row0, const int64_t* __restrict__ n_rows, const int64_t* __restrict__ k_rows, int64_t chunk,
+    int64_t n_chunks, int64_t kmax, const uint32_t* __restrict__ cand_u, const int32_t* __restrict__ cand_i,
+    int64_t out_k, int32_t offset, int32_t* __restrict__ out) {
+  __shared__ SelectShared sh;
+  const int64_t rb = blockIdx.x, r = row0 + rb;
+  const int64_t n = n_rows[r], k = k_rows[r];
+  if (n <= chunk || k <= 0) return;
+  const int64_t full = (n - 1) / chunk;  // chunks before the last one
+  const int64_t m = full * k + std::min(k, n - full * chunk);
+  const int64_t slot0 = rb * n_chunks * kmax;
+  auto at = [&](int64_t i) { return slot0 + (i / k) * kmax + i % k; };
+  auto key = [&](int64_t i) { return cand_u[at(i)]; };
+  uint32_t t, need;
+  radix_threshold(key, m, k, sh, t, need);
+  int32_t* o = out + r * out_k;
+  compact_selected(key, m, k, t, need, sh,
+                   [&](uint32_t pos, int64_t i) { o[pos] = static_cast<int32_t>(cand_i[at(i)] + offset); });
+}
+
+}  // namespace
+
+void topk_lowest_index(const float* values, int64_t rows, int64_t stride, const std::vector<int64_t>& n,
+                       const std::vector<int64_t>& k, int64_t out_k, int32_t offset, int32_t* out) {
+  DI_CHECK(static_cast<int64_t>(n.size()) == rows && static_cast<int64_t>(k.size()) == rows);
+  if (rows == 0 || out_k == 0) return;
+  DI_CUDA_CHECK(cudaMemsetAsync(out, 0xff, static_cast<size_t>(rows * out_k) * sizeof(int32_t), 0));  // -1
+  int64_t kmax = 0, nmax = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    DI_CHECK(k[r] >= 0 && k[r] <= n[r] && n[r] <= stride && k[r] <= out_k);
+    kmax = std::max(kmax, k[r]);
+    nmax = std::max(nmax, n[r]);
+  }
+  if (kmax == 0) return;
+  DI_CHECK(nmax <= INT32_MAX);
+  const int64_t chunk = std::max(kMinChunk, 4 * kmax);
+  const int64_t n_chunks = (nmax + chunk - 1) / chunk;
+  Scratch n_dev = upload(n), k_dev = upload(k);
+  // Rows per batch: bounded by the candidate scratch and by the grid's y limit.
+  const int64_t per_row = n_chunks > 1 ? n_chunks * kmax * 8 : 0;
+  const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(65535, per_row ? kMaxCandidateBytes / per_row : rows));
+  const int64_t batch_rows = std::min(batch, rows);
+  Scratch cu, ci;
+  if (n_chunks > 1) {
+    cu = Scratch(static_cast<size_t>(batch_rows * n_chunks * kmax) * 4);
+    ci = Scratch(static_cast<size_t>(batch_rows * n_chunks * kmax) * 4);
+  }
+  for (int64_t row0 = 0; row0 < rows; row0 += batch_rows) {
+    const int64_t nb = std::min(batch_rows, rows - row0);
+    select_chunk_kernel<<<dim3(static_cast<unsigned>(n_chunks), static_cast<unsigned>(nb)), kSelThreads>>>(
+        values, stride, row0, n_dev.as<int64_t>(), k_dev.as<int64_t>(), chunk, n_chunks, kmax, cu.as<uint32_t>(),
+        ci.as<int32_t>(), out_k, offset, out);
+    DI_CUDA_LAUNCH_CHECK();
+    if (n_chunks > 1) {
+      select_candidates_kernel<<<static_cast<unsigned>(nb), kSelThreads>>>(row0, n_dev.as<int64_t>(), k_dev.as<int64_t>(),
+                                                                           chunk, n_chunks, kmax, cu.as<uint32_t>(),
+                                                                           ci.as<int32_t>(), out_k, offset, out);
+      DI_CUDA_LAUNCH_CHECK();
+    }
+  }
+}
+
+}  // namespace di::cuda::attn

@@ -1,0 +1,389 @@
+// The CUDA mHC, attention and selection ops against the CPU backend on random data (fresh seed per
+// test, printed; DI_GPU_SEED replays). Tolerances, per op:
+//  - hc_mixes: max |diff| <= 1e-6 (fp64 dot sums in another order; everything else in the CPU's
+//    fp32 order, exp rounded once from double).
+//  - hc_pre, hc_post, stream_mean: bit-exact (the same fp32 operations in the same order).
+//  - sparse_attention: relative L2 <= 1e-3 over the output (dot and probability sums in another
+//    order; exp differs by ulps, which can flip a bf16-rounded probability); a row whose list is all
+//    -1 must be exactly zero.
+//  - softmax_pool: relative L2 <= 1e-6 (CPU order; exp rounded once from double vs glibc expf).
+//  - index_scores: bit-exact (each dot in cpu::dot's exact order), -inf where invisible.
+//  - select_candidates, topk_indices (both tie modes), mask_scores: EXACT.
+// Index-score inputs are drawn from a small set of bf16 values so that exact ties are frequent.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/backend.h"
+#include "gpu_test_util.h"
+
+namespace di {
+namespace {
+
+using gputest::compare;
+using gputest::Compare;
+using gputest::OwnedWeight;
+using gputest::Rng;
+
+class AttentionOps : public gputest::GpuOpTest {};
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Entries whose bits differ (NaN == NaN); -inf == -inf.
+int64_t bit_mismatches(const std::vector<float>& got, const std::vector<float>& want, int64_t* first = nullptr) {
+  if (got.size() != want.size()) return -1;
+  int64_t n = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &got[i], 4);
+    std::memcpy(&b, &want[i], 4);
+    if (a != b && !(std::isnan(got[i]) && std::isnan(want[i]))) {
+      if (n == 0 && first) *first = static_cast<int64_t>(i);
+      ++n;
+    }
+  }
+  return n;
+}
+
+std::string at_str(const std::vector<float>& got, const std::vector<float>& want, int64_t i) {
+  return "first mismatch [" + std::to_string(i) + "] got=" + std::to_string(got[i]) + " want=" + std::to_string(want[i]);
+}
+
+// Values drawn from a small set (frequent exact ties; sums of products stay exact in fp32).
+std::vector<float> small_set_values(Rng& rng, int64_t n, const std::vector<float>& set) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = set[static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(set.size()) - 1))];
+  return v;
+}
+
+std::vector<float> uniform_values(Rng& rng, int64_t n, float lo, float hi) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = rng.uniform(lo, hi);
+  return v;
+}
+
+// The mask as floats (1 or -inf) through mask_scores on a tensor of ones: U8 tensors have no
+// download, and this also exercises mask_scores.
+std::vector<float> mask_as_floats(Backend& be, const Tensor& mask) {
+  Tensor ones = be.from_host_f32(std::vector<float>(static_cast<size_t>(mask.numel()), 1.0f), mask.shape);
+  be.mask_scores(ones, mask);
+  return be.to_host_f32(ones);
+}
+
+// ---- mHC ------------------------------------------------------------------------------------------
+
+void check_hc_mixes(AttentionOps& t, Rng& rng, int hc, int64_t d, int64_t rows, bool bf16_fn, float norm_eps,
+                    int iters) {
+  SCOPED_TRACE("hc=" + std::to_string(hc) + " D=" + std::to_string(d) + " rows=" + std::to_string(rows) +
+               (bf16_fn ? " fn=BF16" : " fn=F32") + " " + t.seed_note());
+  const int mix = (2 + hc) * hc;
+  const int64_t n = hc * d;
+  gputest::TensorPair x = gputest::random_tensor_pair(rng, *t.cpu, *t.gpu, {rows, n});
+  const float fn_sd = 1.5f / std::sqrt(static_cast<float>(n));  // mixes of order 1
+  OwnedWeight fn = bf16_fn ? gputest::random_bf16_weight(rng, mix, n, *t.gpu, fn_sd, WeightMode::kF32)
+                           : gputest::random_f32_weight(rng, mix, n, *t.gpu, fn_sd);
+  OwnedWeight scale = gputest::random_f32_weight(rng, 1, 3, *t.gpu, 0.3f, 1.0f);
+  OwnedWeight base = gputest::random_f32_weight(rng, 1, mix, *t.gpu, 0.5f);
+  Tensor mc = t.cpu->hc_mixes(x.cpu, hc, fn.w, scale.w, base.w, norm_eps, iters, 1e-6f);
+  Tensor mg = t.gpu->hc_mixes(x.gpu, hc, fn.w, scale.w, base.w, norm_eps, iters, 1e-6f);
+  ASSERT_EQ(mg.shape, (std::vector<int64_t>{rows, mix}));
+  Compare c = compare(t.gpu->to_host_f32(mg), t.cpu->to_host_f32(mc));
+  EXPECT_LE(c.max_abs, 1e-6) << c.str();
+  std::printf("[ hc_mixes ] hc=%d D=%lld rows=%lld: %s\n", hc, static_cast<long long>(d), static_cast<long long>(rows),
+              c.str().c_str());
+}
+
+TEST_F(AttentionOps, HcMixes) {
+  Rng& r = rng();
+  check_hc_mixes(*this, r, 4, 257, 1, false, 1e-20f, 20);
+  check_hc_mixes(*this, r, 4, 1031, 5, false, 1e-6f, 20);
+  check_hc_mixes(*this, r, 4, 96, 33, true, 1e-20f, 20);
+  check_hc_mixes(*this, r, 2, 77, 5, false, 1e-6f, 3);
+  check_hc_mixes(*this, r, 4, 5120, 2, false, 1e-20f, 20);  // the model's width
+}
+
+TEST_F(AttentionOps, HcPrePostStreamMean) {
+  Rng& r = rng();
+  for (auto [hc, d, rows] : std::vector<std::tuple<int, int64_t, int64_t>>{{4, 257, 1}, {4, 96, 5}, {2, 33, 33}, {4, 512, 33}}) {
+    SCOPED_TRACE("hc=" + std::to_string(hc) + " D=" + std::to_string(d) + " rows=" + std::to_string(rows) + " " +
+                 seed_note());
+    const int mw = (2 + hc) * hc;
+    gputest::TensorPair x = gputest::random_tensor_pair(r, *cpu, *gpu, {rows, hc * d});
+    gputest::TensorPair y = gputest::random_tensor_pair(r, *cpu, *gpu, {rows, d});
+    std::vector<float> mixv = uniform_values(r, rows * mw, -0.2f, 1.3f);
+    Tensor mix_c = cpu->from_host_f32(mixv, {rows, mw}), mix_g = gpu->from_host_f32(mixv, {rows, mw});
+    int64_t first = 0;
+
+    std::vector<float> pc = cpu->to_host_f32(cpu->hc_pre(x.cpu, mix_c, hc));
+    std::vector<float> pg = gpu->to_host_f32(gpu->hc_pre(x.gpu, mix_g, hc));
+    ASSERT_EQ(pg.size(), static_cast<size_t>(rows * d));
+    EXPECT_EQ(bit_mismatches(pg, pc, &first), 0) << "hc_pre " << at_str(pg, pc, first);
+
+    std::vector<float> qc = cpu->to_host_f32(cpu->hc_post(y.cpu, x.cpu, mix_c, hc));
+    std::vector<float> qg = gpu->to_host_f32(gpu->hc_post(y.gpu, x.gpu, mix_g, hc));
+    ASSERT_EQ(qg.size(), static_cast<size_t>(rows * hc * d));
+    EXPECT_EQ(bit_mismatches(qg, qc, &first), 0) << "hc_post " << at_str(qg, qc, first);
+
+    std::vector<float> sc = cpu->to_host_f32(cpu->stream_mean(x.cpu, hc));
+    std::vector<float> sg = gpu->to_host_f32(gpu->stream_mean(x.gpu, hc));
+    ASSERT_EQ(sg.size(), static_cast<size_t>(rows * d));
+    EXPECT_EQ(bit_mismatches(sg, sc, &first), 0) << "stream_mean " << at_str(sg, sc, first);
+  }
+}
+
+// ---- sparse attention -----------------------------------------------------------------------------
+
+struct AttnCase {
+  int64_t rows;
+  int heads;
+  int64_t dh, n_kv, len;
+};
+
+void check_sparse_attention(AttentionOps& t, Rng& rng, const AttnCase& c) {
+  SCOPED_TRACE("rows=" + std::to_string(c.rows) + " heads=" + std::to_string(c.heads) + " dh=" + std::to_string(c.dh) +
+               " kv=" + std::to_string(c.n_kv) + " L=" + std::to_string(c.len) + " " + t.seed_note());
+  // q: rows alternate between soft and peaky score distributions.
+  std::vector<float> qv = gputest::random_bf16_values(rng, c.rows * c.heads * c.dh);
+  for (int64_t r = 0; r < c.rows; ++r)
+    if (r % 2 == 1)
+      for (int64_t i = 0; i < c.heads * c.dh; ++i) qv[r * c.heads * c.dh + i] = quant::round_bf16(3.0f * qv[r * c.heads * c.dh + i]);
+  gputest::TensorPair kv = gputest::random_tensor_pair(rng, *t.cpu, *t.gpu, {c.n_kv, c.dh});
+  // Index lists: random rows (repeats allowed), ~15% -1, some whole 64-blocks of -1; the last row
+  // of a multi-row case is all -1 (the output is then exactly 0: only the sink in the denominator).
+  std::vector<int32_t> idx(static_cast<size_t>(c.rows * c.len));
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const bool all_none = c.rows > 1 && r == c.rows - 1;
+    const int64_t dead_block = rng.uniform_int(0, (c.len - 1) / 64 + 1);  // may be past the end
+    for (int64_t j = 0; j < c.len; ++j) {
+      int32_t id = static_cast<int32_t>(rng.uniform_int(0, c.n_kv - 1));
+      if (all_none || rng.uniform(0, 1) < 0.15f || (j / 64 == dead_block && c.len > 64)) id = -1;
+      idx[r * c.len + j] = id;
+    }
+  }
+  OwnedWeight sink = gputest::random_f32_weight(rng, 1, c.heads, *t.gpu, 1.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.dh));
+  Tensor qc = t.cpu->from_host_f32(qv, {c.rows, c.heads * c.dh}), qg = t.gpu->from_host_f32(qv, {c.rows, c.heads * c.dh});
+  Tensor ic = t.cpu->from_host_i32(idx, {c.rows, c.len}), ig = t.gpu->from_host_i32(idx, {c.rows, c.len});
+  std::vector<float> want = t.cpu->to_host_f32(t.cpu->sparse_attention(qc, c.heads, kv.cpu, ic, sink.w, scale));
+  std::vector<float> got = t.gpu->to_host_f32(t.gpu->sparse_attention(qg, c.heads, kv.gpu, ig, sink.w, scale));
+  ASSERT_EQ(got.size(), want.size());
+  Compare cmp = compare(got, want);
+  EXPECT_LE(cmp.rel_l2, 1e-3) << cmp.str();
+  EXPECT_FALSE(cmp.nan_mismatch) << cmp.str();
+  if (c.rows > 1) {
+    const int64_t w = c.heads * c.dh, r = c.rows - 1;
+    for (int64_t i = 0; i < w; ++i) ASSERT_EQ(got[r * w + i], 0.0f) << "all -1 row, element " << i;
+  }
+  std::printf("[ sparse_attention ] rows=%lld heads=%d dh=%lld L=%lld: %s\n", static_cast<long long>(c.rows), c.heads,
+              static_cast<long long>(c.dh), static_cast<long long>(c.len), cmp.str().c_str());
+}
+
+TEST_F(AttentionOps, SparseAttention) {
+  Rng& r = rng();
+  for (const AttnCase& c : std::vector<AttnCase>{{1, 4, 64, 20, 70},
+                                                 {5, 64, 512, 700, 150},
+                                                 {33, 4, 64, 300, 200},
+                                                 {33, 64, 64, 137, 129},
+                                                 {5, 4, 512, 45, 64},
+                                                 {1, 64, 512, 640, 640},
+                                                 {5, 6, 48, 90, 77}})  // odd heads, dh not a multiple of 32
+    check_sparse_attention(*this, r, c);
+}
+
+// ---- softmax pooling ------------------------------------------------------------------------------
+
+TEST_F(AttentionOps, SoftmaxPool) {
+  Rng& r = rng();
+  for (auto [g, ratio, d] : std::vector<std::tuple<int64_t, int, int64_t>>{{1, 4, 64}, {5, 4, 512}, {33, 2, 65}, {3, 128, 512}}) {
+    SCOPED_TRACE("groups=" + std::to_string(g) + " ratio=" + std::to_string(ratio) + " d=" + std::to_string(d) + " " +
+                 seed_note());
+    std::vector<float> kvv = uniform_values(r, g * ratio * d, -2.0f, 2.0f);
+    std::vector<float> sv = uniform_values(r, g * ratio * d, -6.0f, 6.0f);
+    Tensor kc = cpu->from_host_f32(kvv, {g * ratio, d}), kg = gpu->from_host_f32(kvv, {g * ratio, d});
+    Tensor sc = cpu->from_host_f32(sv, {g * ratio, d}), sg = gpu->from_host_f32(sv, {g * ratio, d});
+    std::vector<float> want = cpu->to_host_f32(cpu->softmax_pool(kc, sc, ratio));
+    std::vector<float> got = gpu->to_host_f32(gpu->softmax_pool(kg, sg, ratio));
+    ASSERT_EQ(got.size(), static_cast<size_t>(g * d));
+    Compare c = compare(got, want);
+    EXPECT_LE(c.rel_l2, 1e-6) << c.str();
+  }
+}
+
+// ---- index scores and selection -------------------------------------------------------------------
+
+const std::vector<float> kQkSet = {-1.0f, -0.5f, 0.0f, 0.25f, 0.5f, 1.0f, 1.5f, 2.0f};
+const std::vector<float> kWeightSet = {-0.25f, 0.125f, 0.25f, 0.5f, 1.0f};
+
+struct IndexInputs {
+  Tensor q_c, q_g, k_c, k_g, w_c, w_g;
+  std::vector<int64_t> visible;
+};
+
+// tie_heavy: q, keys and weights from small sets (exact fp32 sums, many exactly equal scores);
+// otherwise bf16 normal values (general fp32 sums).
+IndexInputs index_inputs(AttentionOps& t, Rng& rng, int64_t rows, int heads, int64_t hd, int64_t t_len,
+                         bool tie_heavy) {
+  IndexInputs in;
+  std::vector<float> q = tie_heavy ? small_set_values(rng, rows * heads * hd, kQkSet)
+                                   : gputest::random_bf16_values(rng, rows * heads * hd);
+  std::vector<float> k = tie_heavy ? small_set_values(rng, t_len * hd, kQkSet) : gputest::random_bf16_values(rng, t_len * hd);
+  std::vector<float> w = tie_heavy ? small_set_values(rng, rows * heads, kWeightSet)
+                                   : gputest::random_bf16_values(rng, rows * heads, 0.1f);
+  in.q_c = t.cpu->from_host_f32(q, {rows, heads * hd});
+  in.q_g = t.gpu->from_host_f32(q, {rows, heads * hd});
+  in.k_c = t.cpu->from_host_f32(k, {t_len, hd});
+  in.k_g = t.gpu->from_host_f32(k, {t_len, hd});
+  in.w_c = t.cpu->from_host_f32(w, {rows, heads});
+  in.w_g = t.gpu->from_host_f32(w, {rows, heads});
+  in.visible.resize(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    // mostly inside the row, sometimes 0, the full width or past it
+    int64_t pick = r == 0 ? 9 : rng.uniform_int(0, 9);  // row 0 always sees something
+    in.visible[r] = pick == 0 ? 0 : pick == 1 ? t_len : pick == 2 ? t_len + 3 : rng.uniform_int(1, t_len);
+  }
+  return in;
+}
+
+TEST_F(AttentionOps, IndexScores) {
+  Rng& r = rng();
+  struct Case {
+    int64_t rows;
+    int heads;
+    int64_t hd, t_len;
+    bool ties;
+  };
+  for (const Case& c : std::vector<Case>{{1, 4, 64, 20, true},
+                                         {5, 64, 128, 700, true},
+                                         {33, 4, 128, 333, true},
+                                         {5, 64, 64, 129, false},
+                                         {33, 4, 512, 77, false},
+                                         {5, 3, 60, 200, false}}) {  // hd not a multiple of 8
+    SCOPED_TRACE("rows=" + std::to_string(c.rows) + " heads=" + std::to_string(c.heads) + " hd=" + std::to_string(c.hd) +
+                 " T=" + std::to_string(c.t_len) + (c.ties ? " tie-heavy " : " normal ") + seed_note());
+    IndexInputs in = index_inputs(*this, r, c.rows, c.heads, c.hd, c.t_len, c.ties);
+    std::vector<float> want = cpu->to_host_f32(cpu->index_scores(in.q_c, c.heads, in.k_c, in.w_c, in.visible));
+    std::vector<float> got = gpu->to_host_f32(gpu->index_scores(in.q_g, c.heads, in.k_g, in.w_g, in.visible));
+    ASSERT_EQ(got.size(), want.size());
+    int64_t first = 0;
+    EXPECT_EQ(bit_mismatches(got, want, &first), 0) << at_str(got, want, first);
+  }
+}
+
+// Scores for the selection tests: the CPU's index scores of tie-heavy inputs (identical bits on
+// both backends' inputs), uploaded to each backend.
+struct ScoreRows {
+  std::vector<float> host;
+  Tensor c, g;
+  std::vector<int64_t> visible;
+};
+
+ScoreRows tie_scores(AttentionOps& t, Rng& rng, int64_t rows, int64_t t_len) {
+  IndexInputs in = index_inputs(t, rng, rows, 4, 64, t_len, true);
+  ScoreRows s;
+  s.host = t.cpu->to_host_f32(t.cpu->index_scores(in.q_c, 4, in.k_c, in.w_c, in.visible));
+  s.c = t.cpu->from_host_f32(s.host, {rows, t_len});
+  s.g = t.gpu->from_host_f32(s.host, {rows, t_len});
+  s.visible = in.visible;
+  return s;
+}
+
+const char* tie_name(TieBreak t) { return t == TieBreak::kTorch ? "kTorch" : "kLowestIndex"; }
+
+TEST_F(AttentionOps, SelectCandidatesAndMaskScores) {
+  Rng& r = rng();
+  struct Case {
+    int64_t rows, t_len;
+    int topk_blocks, block_size;
+  };
+  for (const Case& c : std::vector<Case>{{1, 20, 3, 4}, {5, 700, 16, 8}, {33, 333, 7, 4}, {5, 129, 100, 8}, {33, 500, 1, 3}}) {
+    ScoreRows s = tie_scores(*this, r, c.rows, c.t_len);
+    for (TieBreak ties : {TieBreak::kLowestIndex, TieBreak::kTorch}) {
+      SCOPED_TRACE("rows=" + std::to_string(c.rows) + " T=" + std::to_string(c.t_len) + " topk_blocks=" +
+                   std::to_string(c.topk_blocks) + " block=" + std::to_string(c.block_size) + " " + tie_name(ties) +
+                   " " + seed_note());
+      Tensor mc = cpu->select_candidates(s.c, s.visible, c.topk_blocks, c.block_size, ties);
+      Tensor mg = gpu->select_candidates(s.g, s.visible, c.topk_blocks, c.block_size, ties);
+      ASSERT_EQ(mg.shape, mc.shape);
+      std::vector<float> fc = mask_as_floats(*cpu, mc), fg = mask_as_floats(*gpu, mg);
+      int64_t first = 0;
+      EXPECT_EQ(bit_mismatches(fg, fc, &first), 0) << "mask " << at_str(fg, fc, first);
+      int64_t kept = std::count(fc.begin(), fc.end(), 1.0f);
+      EXPECT_GT(kept, 0) << "nothing selected: the case tests nothing";
+
+      // mask_scores with that mask on a copy of the scores
+      Tensor sc = cpu->from_host_f32(s.host, {c.rows, c.t_len}), sg = gpu->from_host_f32(s.host, {c.rows, c.t_len});
+      cpu->mask_scores(sc, mc);
+      gpu->mask_scores(sg, mg);
+      std::vector<float> a = cpu->to_host_f32(sc), b = gpu->to_host_f32(sg);
+      EXPECT_EQ(bit_mismatches(b, a, &first), 0) << "mask_scores " << at_str(b, a, first);
+    }
+  }
+}
+
+void check_topk(AttentionOps& t, const std::vector<float>& host, int64_t rows, int64_t width,
+                const std::vector<int64_t>& visible, int k, int offset, TieBreak ties) {
+  SCOPED_TRACE("rows=" + std::to_string(rows) + " width=" + std::to_string(width) + " k=" + std::to_string(k) +
+               " offset=" + std::to_string(offset) + " " + tie_name(ties) + " " + t.seed_note());
+  Tensor sc = t.cpu->from_host_f32(host, {rows, width}), sg = t.gpu->from_host_f32(host, {rows, width});
+  std::vector<int32_t> want = t.cpu->to_host_i32(t.cpu->topk_indices(sc, k, visible, offset, ties));
+  std::vector<int32_t> got = t.gpu->to_host_i32(t.gpu->topk_indices(sg, k, visible, offset, ties));
+  ASSERT_EQ(got.size(), want.size());
+  int64_t i = gputest::first_mismatch(got, want);
+  EXPECT_EQ(i, -1) << "first mismatch [" << i << "] (row " << (i >= 0 ? i / std::max(k, 1) : -1) << ") got "
+                   << (i >= 0 ? got[i] : 0) << " want " << (i >= 0 ? want[i] : 0);
+}
+
+TEST_F(AttentionOps, TopkIndicesTieHeavy) {
+  Rng& r = rng();
+  struct Case {
+    int64_t rows, t_len;
+    int k;
+    bool masked;  // scores restricted to candidate blocks first (mostly -inf rows)
+  };
+  for (const Case& c : std::vector<Case>{{1, 20, 8, false},
+                                         {5, 700, 64, false},
+                                         {33, 333, 17, true},
+                                         {5, 129, 129, false},
+                                         {33, 520, 200, true},
+                                         {5, 64, 1, false}}) {
+    ScoreRows s = tie_scores(*this, r, c.rows, c.t_len);
+    std::vector<float> host = s.host;
+    if (c.masked) {
+      Tensor m = cpu->select_candidates(s.c, s.visible, 5, 8, TieBreak::kLowestIndex);
+      cpu->mask_scores(s.c, m);
+      host = cpu->to_host_f32(s.c);
+    }
+    for (TieBreak ties : {TieBreak::kLowestIndex, TieBreak::kTorch})
+      check_topk(*this, host, c.rows, c.t_len, s.visible, c.k, 17, ties);
+  }
+}
+
+// Wide rows (the device's two-stage path: chunks of 8192+ positions, then the candidates), values
+// from a small set with a share of -inf.
+TEST_F(AttentionOps, TopkIndicesWideRows) {
+  Rng& r = rng();
+  const std::vector<float> set = {-kInf, -2.0f, -0.5f, 0.0f, 0.125f, 0.75f, 1.0f, 3.0f};
+  struct Case {
+    int64_t rows, width;
+    int k;
+  };
+  for (const Case& c : std::vector<Case>{{3, 50001, 512}, {2, 40000, 2048}, {1, 300001, 512}, {2, 30000, 3000}}) {
+    std::vector<float> host = small_set_values(r, c.rows * c.width, set);
+    // one row with only a few finite values: the -inf ties decide most of the selection
+    for (int64_t i = 0; i < c.width; ++i)
+      if (r.uniform_int(0, 99) != 0) host[i] = -kInf;
+    std::vector<int64_t> visible(static_cast<size_t>(c.rows));
+    for (int64_t row = 0; row < c.rows; ++row) visible[row] = row == 0 ? c.width : r.uniform_int(c.k, c.width);
+    check_topk(*this, host, c.rows, c.width, visible, c.k, 0, TieBreak::kLowestIndex);
+    if (c.width <= 50001) check_topk(*this, host, c.rows, c.width, visible, c.k, 3, TieBreak::kTorch);
+  }
+}
+
+}  // namespace
+}  // namespace di
