@@ -192,7 +192,8 @@ TEST_F(AttentionOps, SparseAttention) {
                                                  {33, 64, 64, 137, 129},
                                                  {5, 4, 512, 45, 64},
                                                  {1, 64, 512, 640, 640},
-                                                 {5, 6, 48, 90, 77}})  // odd heads, dh not a multiple of 32
+                                                 {5, 6, 48, 90, 77},   // odd heads, dh not a multiple of 32
+                                                 {5, 1, 64, 50, 100}})  // one warp per block
     check_sparse_attention(*this, r, c);
 }
 

@@ -58,7 +58,7 @@ __device__ __forceinline__ float transpose_reduce16(float (&v)[16], int lane) {
 template <int DPL>
 __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
     const float* __restrict__ q, const float* __restrict__ kv, int64_t n_kv, const int32_t* __restrict__ idx,
-    int64_t len, const uint8_t* sink, WType sink_t, float scale, int heads, int dh, float* __restrict__ out) {
+    int64_t len, const uint8_t* sink, WType sink_t, float scale, int heads, int dh, bool vec4, float* __restrict__ out) {
   constexpr int kHpw = kHeadsPerWarp;
   extern __shared__ float4 smem4[];
   float* tile = reinterpret_cast<float*>(smem4);  // [64, dh]
@@ -84,12 +84,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
   for (int64_t blk = 0; blk < len; blk += kAttnBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kAttnBlock, len - blk));
     __syncthreads();  // the previous tile and ids are consumed
-    if (threadIdx.x < kAttnBlock) {
-      int32_t id = threadIdx.x < n ? idx[r * len + blk + threadIdx.x] : -1;
-      ids[threadIdx.x] = (id >= 0 && id < n_kv) ? id : -1;  // out-of-range ids are skipped like -1
+    for (int j = threadIdx.x; j < kAttnBlock; j += blockDim.x) {  // blocks of 1 warp exist (<= 2 heads)
+      const int32_t id = j < n ? idx[r * len + blk + j] : -1;
+      ids[j] = (id >= 0 && id < n_kv) ? id : -1;  // out-of-range ids are skipped like -1
     }
     __syncthreads();
-    if (dh % 4 == 0) {
+    if (vec4) {
       const int row4 = dh / 4;
       for (int e = threadIdx.x; e < kAttnBlock * row4; e += blockDim.x) {
         const int j = e / row4, d4 = e % row4, id = ids[j];
@@ -193,6 +193,7 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
                              float* out) {
   const int nwarps = std::min(kAttnWarps, (heads + kHeadsPerWarp - 1) / kHeadsPerWarp);
   const int groups = (heads + nwarps * kHeadsPerWarp - 1) / (nwarps * kHeadsPerWarp);
+  const bool vec4 = dh % 4 == 0 && reinterpret_cast<uintptr_t>(kv) % 16 == 0;  // 16-byte kv row loads
   const size_t smem = (static_cast<size_t>(kAttnBlock) * dh + static_cast<size_t>(nwarps) * kHeadsPerWarp * kAttnBlock) *
                       sizeof(float);
   static const bool attr_set = [] {
@@ -205,7 +206,7 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
   }();
   (void)attr_set;
   sparse_attention_kernel<DPL><<<dim3(static_cast<unsigned>(s), static_cast<unsigned>(groups)), nwarps * 32, smem>>>(
-      q, kv, n_kv, idx, len, sink, sink_t, scale, heads, dh, out);
+      q, kv, n_kv, idx, len, sink, sink_t, scale, heads, dh, vec4, out);
   DI_CUDA_LAUNCH_CHECK();
 }
 
