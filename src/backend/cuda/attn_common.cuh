@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_scratch.cuh"
 #include "backend/tensor.h"
 #include "core/error.h"
 
@@ -76,50 +77,8 @@ __device__ __forceinline__ uint32_t desc_key(float v) {
 // The key of -inf: blocks / positions with this key are not finite.
 constexpr uint32_t kNegInfKey = 0xff800000u;
 
-// Per-call device scratch, stream-ordered on the default stream (cudaMallocAsync / cudaFreeAsync):
-// freeing never synchronizes, and the default pool keeps freed memory for the next call.
-class Scratch {
- public:
-  Scratch() = default;
-  explicit Scratch(size_t bytes) {
-    if (bytes == 0) return;
-    static const bool keep = [] {
-      int dev = 0;
-      DI_CUDA_CHECK(cudaGetDevice(&dev));
-      cudaMemPool_t pool{};
-      DI_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
-      uint64_t threshold = UINT64_MAX;
-      DI_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-      return true;
-    }();
-    (void)keep;
-    cudaError_t err = cudaMallocAsync(&p_, bytes, 0);
-    if (err != cudaSuccess)
-      throw Error("GPU out of memory allocating " + std::to_string(bytes) + " scratch bytes: " + cudaGetErrorString(err));
-  }
-  Scratch(Scratch&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  Scratch& operator=(Scratch&& o) noexcept {
-    std::swap(p_, o.p_);
-    return *this;
-  }
-  ~Scratch() {
-    if (p_) cudaFreeAsync(p_, 0);
-  }
-  template <typename T>
-  T* as() const { return static_cast<T*>(p_); }
-
- private:
-  void* p_ = nullptr;
-};
-
-// A small host vector copied to the device (pageable source: staged before the call returns).
-template <typename T>
-Scratch upload(const std::vector<T>& v) {
-  Scratch s(v.size() * sizeof(T));
-  if (!v.empty()) DI_CUDA_CHECK(cudaMemcpyAsync(s.as<T>(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, 0));
-  return s;
-}
+// Per-call device scratch (stream-ordered; see cuda_scratch.cuh).
+using cuda::Scratch;
+using cuda::upload;
 
 }  // namespace di::cuda::attn
