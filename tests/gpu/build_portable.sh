@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 bash scripts/install_deps.sh
 export CUDACXX=${CUDACXX:-/usr/local/cuda/bin/nvcc}
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDEEPINFER_CUDA=ON -DDEEPINFER_PORTABLE=ON >/dev/null
-cmake --build build-gpu -j"$(nproc)" --target deepinfer gpu_tests
-strip build-gpu/deepinfer build-gpu/tests/gpu_tests
-tar -C build-gpu -cJf build-gpu/bin.tar.xz deepinfer tests/gpu_tests
+cmake --build build-gpu -j"$(nproc)" --target deepinfer gpu_tests op_bench
+strip build-gpu/deepinfer build-gpu/tests/gpu_tests build-gpu/bench/op_bench
+tar -C build-gpu -cJf build-gpu/bin.tar.xz deepinfer tests/gpu_tests bench/op_bench
 ls -la build-gpu/bin.tar.xz

@@ -250,6 +250,14 @@ inline Compare compare(const std::vector<float>& got, const std::vector<float>& 
       }
       continue;
     }
+    if (std::isinf(g) || std::isinf(w)) {  // infinities: equal only as the same infinity
+      if (g != w) {
+        c.nan_mismatch = true;
+        ++c.mismatches;
+        c.worst = i, c.worst_got = got[i], c.worst_want = want[i];
+      }
+      continue;
+    }
     double d = std::fabs(g - w);
     if (d != 0 || std::signbit(g) != std::signbit(w)) ++c.mismatches;
     num += d * d;
