@@ -18,35 +18,18 @@
 #include "model/config.h"
 #include "model/memory_estimate.h"
 #include "model/safetensors.h"
+#include "test_util.h"
 
 namespace di {
 namespace {
+
+using testing_util::fresh_seed;
+using testing_util::TempDir;
 
 namespace fs = std::filesystem;
 
 const std::string kGoldenDir = std::string(DI_TEST_DATA) + "/golden_dev/model";
 const std::string kFlashDir = std::string(DI_TEST_DATA) + "/configs/v41_flash";
-
-uint64_t fresh_seed(const char* test) {
-  uint64_t seed = static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
-  std::printf("[%s] seed %llu\n", test, static_cast<unsigned long long>(seed));
-  return seed;
-}
-
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() / ("di_ck_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 const ExpectedTensor* find(const std::vector<ExpectedTensor>& v, const std::string& name) {
   for (const ExpectedTensor& e : v) {

@@ -13,18 +13,15 @@
 #include "model/config.h"
 #include "model/engram_hash.h"
 #include "model/json_field.h"
+#include "test_util.h"
 
 namespace di {
 namespace {
 
+using testing_util::fresh_seed;
+
 const std::string kGoldenDir = std::string(DI_TEST_DATA) + "/golden_dev/model";
 const std::string kFlashDir = std::string(DI_TEST_DATA) + "/configs/v41_flash";
-
-uint64_t fresh_seed(const char* test) {
-  uint64_t seed = static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
-  std::printf("[%s] seed %llu\n", test, static_cast<unsigned long long>(seed));
-  return seed;
-}
 
 std::string read(const std::string& p) { return read_text_file(p, 1 << 24); }
 

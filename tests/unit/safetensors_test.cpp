@@ -14,33 +14,15 @@
 
 #include "core/error.h"
 #include "model/safetensors.h"
+#include "test_util.h"
 
 namespace di {
 namespace {
 
+using testing_util::fresh_seed;
+using testing_util::TempDir;
+
 namespace fs = std::filesystem;
-
-uint64_t fresh_seed(const char* test) {
-  uint64_t seed = static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
-  std::printf("[%s] seed %llu\n", test, static_cast<unsigned long long>(seed));
-  return seed;
-}
-
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() /
-            ("di_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 void write_bytes(const fs::path& p, const std::string& bytes) {
   std::ofstream out(p, std::ios::binary);
