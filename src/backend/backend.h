@@ -48,7 +48,7 @@ class Backend {
   virtual std::vector<int32_t> to_host_i32(const Tensor& t) = 0;
   // dst[d0 + i] = src[s0 + i] for i < n (whole rows; row sizes must match)
   virtual void copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t s0, int64_t n) = 0;
-  // [S, a] ++ [S, b] -> [S, a + b]
+  // [S, a] ++ [S, b] -> [S, a + b] (F32 or I32)
   virtual Tensor concat_cols(const Tensor& a, const Tensor& b) = 0;
   // Prepares a checkpoint weight for this backend (uploads it, for a device backend).
   virtual void prepare(Weight& w) = 0;

@@ -100,15 +100,7 @@ Tensor Model::attention(int layer, const Tensor& x, const std::vector<int64_t>& 
     compressed_branch(layer, x, qr, positions, state, scratch, static_cast<int>(keys.rows()), comp_rows, comp_idx);
     if (comp_idx.row_size() > 0) {
       keys = concat_rows(be, keys, comp_rows);
-      idx = be.from_host_i32([&] {
-        std::vector<int32_t> wi = be.to_host_i32(idx), ci = be.to_host_i32(comp_idx), all;
-        int64_t cl = comp_idx.row_size();
-        for (int64_t i = 0; i < n; ++i) {
-          all.insert(all.end(), wi.begin() + i * wlen, wi.begin() + (i + 1) * wlen);
-          all.insert(all.end(), ci.begin() + i * cl, ci.begin() + (i + 1) * cl);
-        }
-        return all;
-      }(), {n, wlen + comp_idx.row_size()});
+      idx = be.concat_cols(idx, comp_idx);  // [n, window list ++ top-k list]
     }
   }
   Tensor o = be.sparse_attention(q, heads, keys, idx, a.attn_sink, 1.0f / std::sqrt(static_cast<float>(dh)));

@@ -65,12 +65,12 @@ void CpuBackend::copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t s
 }
 
 Tensor CpuBackend::concat_cols(const Tensor& a, const Tensor& b) {
-  DI_CHECK(a.type == TType::kF32 && b.type == TType::kF32 && a.rows() == b.rows());
+  DI_CHECK(a.type == b.type && a.type != TType::kU8 && a.rows() == b.rows());  // 4-byte elements
   int64_t ca = a.row_size(), cb = b.row_size();
-  Tensor out = alloc(TType::kF32, {a.rows(), ca + cb});
+  Tensor out = alloc(a.type, {a.rows(), ca + cb});
   for (int64_t r = 0; r < a.rows(); ++r) {
-    std::memcpy(out.f32() + r * (ca + cb), a.f32() + r * ca, ca * 4);
-    std::memcpy(out.f32() + r * (ca + cb) + ca, b.f32() + r * cb, cb * 4);
+    std::memcpy(out.i32() + r * (ca + cb), a.i32() + r * ca, ca * 4);
+    std::memcpy(out.i32() + r * (ca + cb) + ca, b.i32() + r * cb, cb * 4);
   }
   return out;
 }

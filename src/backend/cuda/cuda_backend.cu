@@ -91,12 +91,12 @@ void CudaBackend::copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t 
 }
 
 Tensor CudaBackend::concat_cols(const Tensor& a, const Tensor& b) {
-  DI_CHECK(a.type == TType::kF32 && b.type == TType::kF32 && a.rows() == b.rows());
+  DI_CHECK(a.type == b.type && a.type != TType::kU8 && a.rows() == b.rows());  // 4-byte elements
   int64_t ca = a.row_size(), cb = b.row_size();
-  Tensor out = alloc(TType::kF32, {a.rows(), ca + cb});
+  Tensor out = alloc(a.type, {a.rows(), ca + cb});
   if (a.rows() == 0) return out;
-  DI_CUDA_CHECK(cudaMemcpy2D(out.f32(), (ca + cb) * 4, a.f32(), ca * 4, ca * 4, a.rows(), cudaMemcpyDeviceToDevice));
-  DI_CUDA_CHECK(cudaMemcpy2D(out.f32() + ca, (ca + cb) * 4, b.f32(), cb * 4, cb * 4, b.rows(), cudaMemcpyDeviceToDevice));
+  if (ca) DI_CUDA_CHECK(cudaMemcpy2D(out.i32(), (ca + cb) * 4, a.i32(), ca * 4, ca * 4, a.rows(), cudaMemcpyDeviceToDevice));
+  if (cb) DI_CUDA_CHECK(cudaMemcpy2D(out.i32() + ca, (ca + cb) * 4, b.i32(), cb * 4, cb * 4, b.rows(), cudaMemcpyDeviceToDevice));
   return out;
 }
 
