@@ -31,17 +31,8 @@ std::string human_bytes(double bytes) {
   return buf;
 }
 
-std::string ints(const std::vector<int>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(v[i]);
-  }
-  s += "]";
-  return s;
-}
-
-std::string ints64(const std::vector<int64_t>& v) {
+template <typename T>
+std::string ints(const std::vector<T>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) {
     if (i) s += ", ";
@@ -74,7 +65,7 @@ void print_config(const ModelConfig& c) {
               c.route_scale, c.gate_temp, c.swiglu_limit);
   if (!c.engram_layer_ids.empty()) {
     std::printf("  engram: layers %s, rows %s x %d, %d-grams x %d heads, vocab %lld, compressed vocab %lld, pad %d\n",
-                ints(c.engram_layer_ids).c_str(), ints64(c.engram_num_embeddings).c_str(), c.engram_head_dim,
+                ints(c.engram_layer_ids).c_str(), ints(c.engram_num_embeddings).c_str(), c.engram_head_dim,
                 c.engram_max_ngram, c.engram_n_heads, static_cast<long long>(c.engram_vocab_size),
                 static_cast<long long>(c.engram_compressed_vocab_size), c.engram_pad_id);
   }

@@ -90,11 +90,13 @@ Tensor Model::attention(int layer, const Tensor& x, const std::vector<int64_t>& 
   // keys: [chunk] (prefill) or [ring ; chunk]; the ring is read before this chunk is written
   Tensor keys = kv;
   if (start > 0) keys = concat_rows(be, be.unpack_rows(cache.window, RowFormat::kFp8Ue8m0, dh, iota_slots(0, win)), kv);
-  int64_t wlen = 0;
-  std::vector<int32_t> widx = window_lists(start, n, win, &wlen);
+  if (scratch.window_idx.empty()) {  // the same lists serve every layer of this forward
+    std::vector<int32_t> widx = window_lists(start, n, win, &scratch.window_list_len);
+    scratch.window_idx = be.from_host_i32(widx, {n, scratch.window_list_len});
+  }
   write_window(be, kv, start, win, cache.window);
 
-  Tensor idx = be.from_host_i32(widx, {n, wlen});
+  Tensor idx = scratch.window_idx;
   if (ls.ratio > 0) {
     Tensor comp_rows, comp_idx;
     compressed_branch(layer, x, qr, positions, state, scratch, static_cast<int>(keys.rows()), comp_rows, comp_idx);
@@ -163,6 +165,7 @@ void Model::compressed_branch(int layer, const Tensor& x, const Tensor& qr, cons
       be.qdq(k, RowFormat::kFp4Ue8m0);
       be.pack_rows(k, RowFormat::kFp4Ue8m0, cache.index_keys, iota_slots(g0, ng));
       state.index_keys_layer = layer;
+      scratch.invalidate(layer);
       be.rope(latent, 1, dh, rd, gpos, rope_[layer], false);
       be.qdq(latent, RowFormat::kFp4E4m3);
       be.pack_rows(latent, RowFormat::kFp4E4m3, cache.comp, iota_slots(g0, ng));
@@ -185,7 +188,8 @@ void Model::compressed_branch(int layer, const Tensor& x, const Tensor& qr, cons
           options_.reference_decode_quirks && state.index_keys_layer >= 0 ? state.index_keys_layer : ls.kv_source;
       const LayerCache& key_src = state.layers[keys_layer];
       DI_CHECK(key_src.n_comp >= compress_len);
-      Tensor keys = be.unpack_rows(key_src.index_keys, RowFormat::kFp4Ue8m0, ihd, iota_slots(0, compress_len));
+      Tensor& keys = scratch.index_keys[{keys_layer, compress_len}];
+      if (keys.empty()) keys = be.unpack_rows(key_src.index_keys, RowFormat::kFp4Ue8m0, ihd, iota_slots(0, compress_len));
       Tensor qi = be.linear(qr, a.idx_wq_b);  // [n, nIH * ihd]
       be.rope(qi, cfg_.index_n_heads, ihd, rd, positions, rope_[layer], false);
       be.qdq(qi, RowFormat::kFp4Ue8m0);
@@ -211,8 +215,11 @@ void Model::compressed_branch(int layer, const Tensor& x, const Tensor& qr, cons
     DI_CHECK(it != scratch.topk.end());
     idx = it->second;
   }
-  rows = compress_len > 0 ? be.unpack_rows(src.comp, RowFormat::kFp4E4m3, dh, iota_slots(0, compress_len))
-                          : be.alloc(TType::kF32, {0, dh});
+  Tensor& unpacked = scratch.comp_rows[{ls.kv_source, compress_len}];
+  if (unpacked.empty())
+    unpacked = compress_len > 0 ? be.unpack_rows(src.comp, RowFormat::kFp4E4m3, dh, iota_slots(0, compress_len))
+                                : be.alloc(TType::kF32, {0, dh});
+  rows = unpacked;
 }
 
 Tensor Model::dspark_attention(int layer, const Tensor& x, const std::vector<int64_t>& positions,

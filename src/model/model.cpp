@@ -53,12 +53,9 @@ Tensor Model::one_hot_pre(int64_t n) {
 }
 
 Tensor Model::repeat_streams(const Tensor& x) {
-  int64_t n = x.rows(), d = x.row_size(), hc = cfg_.hc_mult;
-  Tensor h = backend_.alloc(TType::kF32, {n, hc * d});
-  Tensor hv = h;
-  hv.shape = {n * hc, d};
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t k = 0; k < hc; ++k) backend_.copy_rows(hv, i * hc + k, x, i, 1);
+  // [n, D] -> [n, hc * D]: every stream starts as the embedding.
+  Tensor h = x;
+  for (int k = 1; k < cfg_.hc_mult; ++k) h = backend_.concat_cols(h, x);
   return h;
 }
 
