@@ -1,0 +1,120 @@
+// DeepInfer's public C++ API: one Engine owns a model and one engine thread that holds all inference
+// state; any thread submits requests, streams or collects their results, cancels them and reads stats.
+//
+//   auto engine = di::Engine::create({.model_dir = "models/x"});
+//   di::RequestId id = engine->submit({.prompt = "Once upon a time", .sampling = {.max_tokens = 32}});
+//   di::RequestResult r = engine->wait(id);
+//
+// A request that is invalid (bad UTF-8, bad chat JSON, prompt longer than the context, sampling field
+// out of range) or that can never fit the KV capacity finishes alone with finish_reason "error" and a
+// message naming what was wrong; other requests are not affected.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "deepinfer/sampling_params.h"
+
+namespace di {
+
+enum class PrefixCacheMode {
+  kOff,
+  // SWA bounded replay (spec §3.4): only the global rows (compressed KV + index keys) are cached; a hit
+  // ending at H re-runs [H - window, H) to rebuild window rings and compressor tails. Not bit-identical.
+  kReplay,
+  // Global rows plus the per-layer local state at block ends: a warm hit gives bit-identical logits.
+  kExact,
+};
+
+struct EngineOptions {
+  std::filesystem::path model_dir;      // empty: the embedded default model
+  std::string device = "cpu";           // "cpu" | "cuda"
+  int64_t max_step_tokens = 2048;       // token budget of one step (prefill chunks + decodes)
+  int max_running = 64;                 // sequences in one step at most
+  int64_t kv_capacity_bytes = 0;        // KV memory for running requests; 0: chosen from the device
+  PrefixCacheMode prefix_cache = PrefixCacheMode::kReplay;
+  int64_t prefix_cache_bytes = 0;       // 0: chosen from the device
+  bool decoder_replay = false;          // decoder-side SWA bounded replay in prefill (approximate)
+  bool batch_invariant = false;         // a request's logits independent of batch and chunking
+  bool async_scheduling = true;         // prepare step N+1 while step N runs
+  bool reference_decode_quirks = false; // reproduce the official reference's decode (tests only)
+};
+
+using RequestId = uint64_t;
+
+struct Request {
+  // Exactly one of these three is the input.
+  std::vector<int32_t> prompt_ids;      // token ids, used as given (no BOS added)
+  std::optional<std::string> prompt;    // text: BOS + its tokens
+  std::optional<std::string> chat_json; // an OpenAI chat-completions body (messages, tools, thinking...)
+  SamplingParams sampling;
+  bool stream = false;                  // deliver TokenEvents as tokens are produced
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+};
+
+struct TokenEvent {
+  RequestId id = 0;
+  std::vector<int32_t> token_ids;       // new tokens since the last event
+  std::string text;                     // new complete UTF-8 text (held back while it may start a stop string)
+  std::vector<float> logprobs;          // per new token (when requested)
+  std::vector<std::vector<TokenLogprob>> top_logprobs;
+  bool finished = false;
+  std::string finish_reason;            // when finished: "stop" | "length" | "cancelled" | "error"
+  std::string error;                    // when finish_reason == "error"
+};
+
+struct RequestResult {
+  RequestId id = 0;
+  std::string text;
+  std::vector<int32_t> token_ids;       // generated tokens
+  std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top_logprobs;
+  std::string finish_reason;            // "stop" | "length" | "cancelled" | "error"
+  std::string error;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;            // prompt tokens served from the prefix cache
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
+  int64_t running = 0, waiting = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  int64_t prefix_hit_tokens = 0, prefix_lookup_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t kv_used_bytes = 0, kv_capacity_bytes = 0, prefix_cache_bytes = 0;
+  double busy_seconds = 0;              // time spent in forward passes
+  double host_gap_seconds = 0;          // device idle between steps (async scheduling shrinks it)
+};
+
+class Engine {
+ public:
+  // Loads the model and starts the engine thread. Throws di::Error for a bad model or options.
+  static std::unique_ptr<Engine> create(const EngineOptions& options);
+  virtual ~Engine() = default;  // cancels what is pending and joins the engine thread
+
+  // Thread-safe. Never throws for a bad request: the request finishes with finish_reason "error".
+  virtual RequestId submit(Request request) = 0;
+  // Streaming: the next event of a request submitted with stream = true; nullopt on timeout.
+  // After the event with finished = true there are no more.
+  virtual std::optional<TokenEvent> next_event(RequestId id, std::chrono::milliseconds timeout) = 0;
+  // Blocks until the request finishes; returns its whole result (also for streamed requests).
+  virtual RequestResult wait(RequestId id) = 0;
+  virtual void cancel(RequestId id) = 0;
+  virtual EngineStats stats() const = 0;
+  // Tokenizer access for front ends (chat encoding, counting).
+  virtual std::vector<int32_t> tokenize(const std::string& text, bool add_bos) const = 0;
+  virtual std::string detokenize(const std::vector<int32_t>& ids) const = 0;
+};
+
+}  // namespace di
