@@ -412,6 +412,16 @@ std::unique_ptr<Checkpoint> Checkpoint::open_file(const std::filesystem::path& f
   return ck;
 }
 
+std::unique_ptr<Checkpoint> Checkpoint::from_views(std::vector<TensorView> views, std::shared_ptr<void> owner) {
+  std::unique_ptr<Checkpoint> ck(new Checkpoint());
+  for (TensorView& v : views) {
+    std::string name = v.name;
+    if (!ck->tensors_.emplace(name, std::move(v)).second) throw Error("tensor " + quote_name(name) + " given twice");
+  }
+  ck->owner_ = std::move(owner);
+  return ck;
+}
+
 std::unique_ptr<Checkpoint> Checkpoint::open(const std::filesystem::path& model_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;

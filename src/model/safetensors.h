@@ -49,6 +49,9 @@ class Checkpoint {
   static std::unique_ptr<Checkpoint> open(const std::filesystem::path& model_dir);
   // Opens one safetensors file.
   static std::unique_ptr<Checkpoint> open_file(const std::filesystem::path& file);
+  // A checkpoint over tensors whose bytes live elsewhere (e.g. the synthetic weights of `deepinfer
+  // bench`); `owner` keeps that memory alive as long as the checkpoint. A repeated name is an error.
+  static std::unique_ptr<Checkpoint> from_views(std::vector<TensorView> views, std::shared_ptr<void> owner);
 
   ~Checkpoint();
   Checkpoint(const Checkpoint&) = delete;
@@ -66,6 +69,7 @@ class Checkpoint {
   static std::vector<TensorView> parse_mapped(const std::filesystem::path& file, Mapping& m);
   std::vector<std::unique_ptr<Mapping>> mappings_;
   std::map<std::string, TensorView, std::less<>> tensors_;
+  std::shared_ptr<void> owner_;  // from_views
 };
 
 }  // namespace di
