@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "core/error.h"
 #include "model/model_scratch.h"
@@ -25,22 +26,30 @@ Model::Model(ModelConfig cfg, std::unique_ptr<Checkpoint> ckpt, Backend& backend
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, Backend& backend, const ModelOptions& options) {
   ModelConfig cfg = load_model_config(dir);
   std::unique_ptr<Checkpoint> ckpt = Checkpoint::open(dir);
+  std::optional<EngramTokenMap> map;
+  if (!cfg.engram_layer_ids.empty()) {
+    // Engram hashes a tokenizer-normalised id space: the token map comes from tokenizer.json.
+    if (!std::filesystem::exists(dir / "tokenizer.json"))
+      throw Error((dir / "tokenizer.json").string() + ": missing; Engram layers need the tokenizer to build the token map");
+    map = build_engram_token_map(*Tokenizer::load(dir));
+  }
+  return load(std::move(cfg), std::move(ckpt), backend, options, map ? &*map : nullptr);
+}
+
+std::unique_ptr<Model> Model::load(ModelConfig cfg, std::unique_ptr<Checkpoint> ckpt, Backend& backend,
+                                   const ModelOptions& options, const EngramTokenMap* engram_map) {
 #ifdef DI_HAVE_VALIDATE
   validate_checkpoint(cfg, *ckpt, options.allow_unexpected_tensors);
 #endif
-  std::unique_ptr<Model> m(new Model(cfg, std::move(ckpt), backend));
+  std::unique_ptr<Model> m(new Model(std::move(cfg), std::move(ckpt), backend));
   m->options_ = options;
   m->w_ = bind_model_weights(m->cfg_, *m->ckpt_, backend);
   for (const LayerSchedule& ls : m->cfg_.layers) m->rope_.push_back(rope_table_for(ls, m->cfg_));
   m->engram_ = make_engram_layout(m->cfg_);
   if (m->engram_.n_slots() > 0) {
-    // Engram hashes a tokenizer-normalised id space: the token map comes from tokenizer.json.
-    if (!std::filesystem::exists(dir / "tokenizer.json"))
-      throw Error((dir / "tokenizer.json").string() + ": missing; Engram layers need the tokenizer to build the token map");
-    std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir);
-    EngramTokenMap map = build_engram_token_map(*tok);
-    m->engram_pad_ = engram_pad_compressed(m->cfg_, map.token_map, map.compressed_vocab_size);
-    m->engram_token_map_ = std::move(map.token_map);
+    if (!engram_map) throw Error("the config has Engram layers but no Engram token map was given");
+    m->engram_pad_ = engram_pad_compressed(m->cfg_, engram_map->token_map, engram_map->compressed_vocab_size);
+    m->engram_token_map_ = engram_map->token_map;
   }
   return m;
 }

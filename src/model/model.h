@@ -17,6 +17,8 @@
 
 namespace di {
 
+struct EngramTokenMap;  // tokenizer/engram_token_map.h
+
 struct ForwardResult {
   std::vector<float> logits;  // [n_rows, vocab] fp32: the last position, or every position
   Tensor features;            // [n_tokens, n_taps * D] DSpark feature taps (empty without DSpark)
@@ -56,6 +58,11 @@ class Model {
   // Loads config, checkpoint and (for Engram) tokenizer from `dir`; validates; binds weights.
   static std::unique_ptr<Model> load(const std::filesystem::path& dir, Backend& backend,
                                      const ModelOptions& options = {});
+  // Same from a parsed config and an open checkpoint (e.g. the synthetic one of `deepinfer bench`).
+  // engram_map: the Engram token map (load(dir) builds it from DIR/tokenizer.json); required when
+  // the config has Engram layers.
+  static std::unique_ptr<Model> load(ModelConfig cfg, std::unique_ptr<Checkpoint> ckpt, Backend& backend,
+                                     const ModelOptions& options, const EngramTokenMap* engram_map);
 
   const ModelConfig& config() const { return cfg_; }
   Backend& backend() { return backend_; }
