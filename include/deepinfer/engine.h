@@ -13,8 +13,10 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,9 +45,19 @@ struct EngineOptions {
   bool batch_invariant = false;         // a request's logits independent of batch and chunking
   bool async_scheduling = true;         // prepare step N+1 while step N runs
   bool reference_decode_quirks = false; // reproduce the official reference's decode (tests only)
+  int64_t kv_page_tokens = 64;          // positions per KV page (a multiple of every compress ratio)
+  // Prefix-cache block: a multiple of every compress ratio. A replay hit is adopted only when it is
+  // longer than the sliding window, so blocks much shorter than the window only matter in kExact.
+  int64_t prefix_block_tokens = 64;
 };
 
 using RequestId = uint64_t;
+
+// A per-request logit mask: given the tokens generated so far, fills `allowed` (one bit per token
+// id: bit id % 32 of word id / 32; every bit starts set) and returns true to apply it (false: no
+// mask for this token). Called on the engine's step worker, once per sampled position, never
+// concurrently for one request; it must not block. For structured outputs.
+using LogitMask = std::function<bool(std::span<const int32_t> output, std::span<uint32_t> allowed)>;
 
 struct Request {
   // Exactly one of these three is the input.
@@ -54,6 +66,7 @@ struct Request {
   std::optional<std::string> chat_json; // an OpenAI chat-completions body (messages, tools, thinking...)
   SamplingParams sampling;
   bool stream = false;                  // deliver TokenEvents as tokens are produced
+  LogitMask logit_mask;                 // optional
 };
 
 struct TokenLogprob {
@@ -90,11 +103,16 @@ struct EngineStats {
   int64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
   int64_t running = 0, waiting = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;
-  int64_t prefix_hit_tokens = 0, prefix_lookup_tokens = 0;
+  int64_t prefix_hit_tokens = 0;        // prompt tokens whose forward a prefix-cache hit skipped
+  int64_t prefix_lookup_tokens = 0;     // prompt tokens looked up (at each admission)
+  int64_t prefix_replay_tokens = 0;     // tokens of hits re-run by SWA bounded replay
+  int64_t draft_tokens = 0, accepted_draft_tokens = 0;  // verify steps
+  int64_t discarded_tokens = 0;         // sampled for requests that had finished (async scheduling)
   int64_t preemptions = 0;
   int64_t kv_used_bytes = 0, kv_capacity_bytes = 0, prefix_cache_bytes = 0;
   double busy_seconds = 0;              // time spent in forward passes
   double host_gap_seconds = 0;          // device idle between steps (async scheduling shrinks it)
+  int64_t host_gaps = 0;                // gaps measured (back-to-back steps)
 };
 
 class Engine {
@@ -105,14 +123,16 @@ class Engine {
 
   // Thread-safe. Never throws for a bad request: the request finishes with finish_reason "error".
   virtual RequestId submit(Request request) = 0;
-  // Streaming: the next event of a request submitted with stream = true; nullopt on timeout.
-  // After the event with finished = true there are no more.
+  // Streaming: the next event of a request submitted with stream = true; nullopt on timeout (or an
+  // unknown id). After the event with finished = true there are no more. A request that is not
+  // streamed has one event, the finished one, carrying the whole output.
   virtual std::optional<TokenEvent> next_event(RequestId id, std::chrono::milliseconds timeout) = 0;
-  // Blocks until the request finishes; returns its whole result (also for streamed requests).
+  // Blocks until the request finishes; returns its whole result (also for streamed requests) and
+  // forgets the request (a second wait, or an unknown id, gives finish_reason "error").
   virtual RequestResult wait(RequestId id) = 0;
   virtual void cancel(RequestId id) = 0;
   virtual EngineStats stats() const = 0;
-  // Tokenizer access for front ends (chat encoding, counting).
+  // Tokenizer access for front ends (chat encoding, counting). Special tokens in `text` are matched.
   virtual std::vector<int32_t> tokenize(const std::string& text, bool add_bos) const = 0;
   virtual std::string detokenize(const std::vector<int32_t>& ids) const = 0;
 };
