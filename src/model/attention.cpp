@@ -12,35 +12,42 @@ namespace di {
 
 namespace {
 
-// Window key lists in the reference's layout. Prefill (start 0): query i lists min(n, W) positions
-// from max(0, i-W+1); keys are the chunk rows. Otherwise each query lists the W ring slots oldest
-// first; keys are [ring (W rows) ; chunk rows], slots holding nothing yet are -1.
-std::vector<int32_t> window_lists(int64_t start, int64_t n, int64_t w, int64_t* list_len) {
+// Window key lists in the reference's layout, for queries at positions q_first.. over keys whose
+// chunk rows start at position key_first (the chunk starts at `start`; they differ only for the
+// decoder_window_only rows). Prefill (start 0): query p lists min(end, W) positions from
+// max(0, p-W+1); keys are the chunk rows. Otherwise each query lists the W ring slots oldest first;
+// keys are [ring (W rows) ; chunk rows]. Slots holding nothing (ring still filling, positions below
+// `floor`, chunk rows not computed) are -1.
+std::vector<int32_t> window_lists(int64_t start, int64_t floor, int64_t key_first, int64_t q_first, int64_t nq,
+                                  int64_t w, int64_t* list_len) {
   std::vector<int32_t> idx;
   if (start == 0) {
-    int64_t len = std::min(n, w);
+    int64_t len = std::min(q_first + nq, w);
     *list_len = len;
-    idx.resize(n * len);
-    for (int64_t i = 0; i < n; ++i)
+    idx.resize(nq * len);
+    for (int64_t i = 0; i < nq; ++i) {
+      int64_t p = q_first + i;
       for (int64_t j = 0; j < len; ++j) {
-        int64_t p = std::max<int64_t>(0, i - w + 1) + j;
-        idx[i * len + j] = p > i ? -1 : static_cast<int32_t>(p);
+        int64_t pos = std::max<int64_t>(0, p - w + 1) + j;
+        idx[i * len + j] = pos > p || pos < key_first ? -1 : static_cast<int32_t>(pos - key_first);
       }
+    }
     return idx;
   }
   *list_len = w;
-  idx.resize(n * w);
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t p = start + i;
+  idx.resize(nq * w);
+  for (int64_t i = 0; i < nq; ++i) {
+    int64_t p = q_first + i;
     int64_t oldest = p % w + 1;
     for (int64_t j = 0; j < w; ++j) {
       int64_t slot = (oldest + j) % w;
-      if (slot > p) {  // ring still filling
-        idx[i * w + j] = -1;
-        continue;
-      }
       int64_t pos = p - ((p - slot) % w);  // the position this slot holds as of query p
-      idx[i * w + j] = static_cast<int32_t>(pos >= start ? w + (pos - start) : slot);
+      int32_t v;
+      if (slot > p || pos < floor) v = -1;  // ring still filling, or restored without it
+      else if (pos >= key_first) v = static_cast<int32_t>(w + (pos - key_first));
+      else if (pos >= start) v = -1;        // a chunk row not computed here
+      else v = static_cast<int32_t>(slot);
+      idx[i * w + j] = v;
     }
   }
   return idx;
@@ -71,42 +78,84 @@ Tensor concat_rows(Backend& be, const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-Tensor Model::attention(int layer, const Tensor& x, const std::vector<int64_t>& positions, SequenceState& state,
-                        ForwardScratch& scratch) {
+Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
   const LayerSchedule& ls = cfg_.layers[layer];
   const AttentionWeights& a = w_.layers[layer].attn;
-  LayerCache& cache = state.layers[layer];
   Backend& be = backend_;
-  int64_t n = x.rows(), start = positions.front(), win = cfg_.window;
-  int heads = cfg_.n_heads, dh = cfg_.head_dim, rd = cfg_.rope_dim;
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  int64_t win = cfg_.window;
+  int heads = cfg_.n_heads, dh = cfg_.head_dim, rd = cfg_.rope_dim, ihd = cfg_.index_head_dim;
 
-  Tensor qr = be.rmsnorm(be.linear(x, a.wq_a), a.q_norm, static_cast<float>(cfg_.norm_eps));  // [n, q_lora]
-  Tensor q = be.linear(qr, a.wq_b);                                                           // [n, H*Dh]
-  be.rope(q, heads, dh, rd, positions, rope_[layer], false);
-  Tensor kv = be.rmsnorm(be.linear(x, a.wkv), a.kv_norm, static_cast<float>(cfg_.norm_eps));  // [n, Dh]
-  be.rope(kv, 1, dh, rd, positions, rope_[layer], false);
-  be.qdq(kv, RowFormat::kFp8Ue8m0);
-
-  // keys: [chunk] (prefill) or [ring ; chunk]; the ring is read before this chunk is written
-  Tensor keys = kv;
-  if (start > 0) keys = concat_rows(be, be.unpack_rows(cache.window, RowFormat::kFp8Ue8m0, dh, iota_slots(0, win)), kv);
-  if (scratch.window_idx.empty()) {  // the same lists serve every layer of this forward
-    std::vector<int32_t> widx = window_lists(start, n, win, &scratch.window_list_len);
-    scratch.window_idx = be.from_host_i32(widx, {n, scratch.window_list_len});
+  // every projection once over the batch's rows: keys and compressor inputs from the current rows,
+  // queries from the query rows
+  AttnRows r;
+  r.x = x;
+  if (batch.query_rows_differ()) {
+    r.xq = be.alloc(TType::kF32, {batch.q_rows, x.row_size()});
+    for (const BatchPart& p : batch.parts)
+      be.copy_rows(r.xq, p.q.row0, x, p.cur.row0 + (p.q.first - p.cur.first), p.q.rows);
+  } else {
+    r.xq = x;
   }
-  write_window(be, kv, start, win, cache.window);
-
-  Tensor idx = scratch.window_idx;
-  if (ls.ratio > 0) {
-    Tensor comp_rows, comp_idx;
-    compressed_branch(layer, x, qr, positions, state, scratch, static_cast<int>(keys.rows()), comp_rows, comp_idx);
-    if (comp_idx.row_size() > 0) {
-      keys = concat_rows(be, keys, comp_rows);
-      idx = be.concat_cols(idx, comp_idx);  // [n, window list ++ top-k list]
+  r.qr = be.rmsnorm(be.linear(r.xq, a.wq_a), a.q_norm, eps);  // [q rows, q_lora]
+  r.q = be.linear(r.qr, a.wq_b);                               // [q rows, H*Dh]
+  be.rope(r.q, heads, dh, rd, batch.q_positions, rope_[layer], false);
+  r.kv = be.rmsnorm(be.linear(x, a.wkv), a.kv_norm, eps);  // [rows, Dh]
+  be.rope(r.kv, 1, dh, rd, batch.positions, rope_[layer], false);
+  be.qdq(r.kv, RowFormat::kFp8Ue8m0);
+  if (ls.mode == AttnMode::kFull) {
+    if (ls.ratio == 1) {
+      r.comp_kv = be.rmsnorm(be.linear(x, a.comp_wkv), a.comp_norm, eps);
+    } else {
+      r.comp_kv = be.linear(x, a.comp_wkv);  // fp32
+      r.comp_score = be.linear(x, a.comp_wgate);
     }
   }
-  Tensor o = be.sparse_attention(q, heads, keys, idx, a.attn_sink, 1.0f / std::sqrt(static_cast<float>(dh)));
-  return attention_output(layer, o, positions);
+  if (ls.mode == AttnMode::kFull || ls.mode == AttnMode::kReindex) {
+    r.qi = be.linear(r.qr, a.idx_wq_b);  // [q rows, nIH * ihd]
+    be.rope(r.qi, cfg_.index_n_heads, ihd, rd, batch.q_positions, rope_[layer], false);
+    be.qdq(r.qi, RowFormat::kFp4Ue8m0);
+    r.wts = be.linear(r.xq, a.idx_weights_proj);  // [q rows, nIH]
+    be.scale_bf16(r.wts, static_cast<float>(std::pow(ihd, -0.5) * std::pow(cfg_.index_n_heads, -0.5)));
+  }
+
+  // per sequence: its window ring and compressed branch
+  const bool one = batch.parts.size() == 1;
+  Tensor o = one ? Tensor{} : be.alloc(TType::kF32, {batch.q_rows, static_cast<int64_t>(heads) * dh});
+  for (size_t pi = 0; pi < batch.parts.size(); ++pi) {
+    const BatchPart& p = batch.parts[pi];
+    ForwardScratch& scratch = batch.scratch[pi];
+    LayerCache& cache = p.state->layers[layer];
+    // keys: [chunk] (prefill) or [ring ; chunk]; the ring is read before this chunk is written
+    Tensor kv = rows_of(be, r.kv, p.cur.row0, p.cur.rows);
+    Tensor keys = kv;
+    if (p.start > 0) keys = concat_rows(be, be.unpack_rows(cache.window, RowFormat::kFp8Ue8m0, dh, iota_slots(0, win)), kv);
+    if (scratch.window_key_first != p.cur.first || scratch.window_q_first != p.q.first) {
+      // the same lists serve every layer with this row layout
+      std::vector<int32_t> widx = window_lists(p.start, p.state->window_floor, p.cur.first, p.q.first, p.q.rows, win,
+                                               &scratch.window_list_len);
+      scratch.window_idx = be.from_host_i32(widx, {p.q.rows, scratch.window_list_len});
+      scratch.window_key_first = p.cur.first;
+      scratch.window_q_first = p.q.first;
+    }
+    write_window(be, kv, p.cur.first, win, cache.window);
+
+    Tensor idx = scratch.window_idx;
+    if (ls.ratio > 0) {
+      if (ls.mode == AttnMode::kFull) compress(layer, r, static_cast<int>(pi), batch);
+      Tensor comp_rows, comp_idx;
+      compressed_branch(layer, r, static_cast<int>(pi), batch, static_cast<int>(keys.rows()), comp_rows, comp_idx);
+      if (comp_idx.row_size() > 0) {
+        keys = concat_rows(be, keys, comp_rows);
+        idx = be.concat_cols(idx, comp_idx);  // [q rows, window list ++ top-k list]
+      }
+    }
+    Tensor op = be.sparse_attention(rows_of(be, r.q, p.q.row0, p.q.rows), heads, keys, idx, a.attn_sink,
+                                    1.0f / std::sqrt(static_cast<float>(dh)));
+    if (one) o = op;
+    else be.copy_rows(o, p.q.row0, op, 0, p.q.rows);
+  }
+  return attention_output(layer, o, batch.q_positions);
 }
 
 Tensor Model::attention_output(int layer, Tensor& o, const std::vector<int64_t>& positions) {
@@ -116,68 +165,80 @@ Tensor Model::attention_output(int layer, Tensor& o, const std::vector<int64_t>&
   return backend_.linear(z, a.wo_b);                               // [n, D]
 }
 
-void Model::compressed_branch(int layer, const Tensor& x, const Tensor& qr, const std::vector<int64_t>& positions,
-                              SequenceState& state, ForwardScratch& scratch, int offset, Tensor& rows, Tensor& idx) {
-  const LayerSchedule& ls = cfg_.layers[layer];
+void Model::compress(int layer, const AttnRows& r, int part, Batch& batch) {
   const AttentionWeights& a = w_.layers[layer].attn;
+  const BatchPart& p = batch.parts[part];
+  LayerCache& cache = p.state->layers[layer];
   Backend& be = backend_;
   const float eps = static_cast<float>(cfg_.norm_eps);
-  int64_t n = x.rows(), start = positions.front(), end = start + n;
-  int ratio = ls.ratio, dh = cfg_.head_dim, rd = cfg_.rope_dim, ihd = cfg_.index_head_dim;
-  int64_t compress_len = end / ratio;
-
-  if (ls.mode == AttnMode::kFull) {
-    LayerCache& cache = state.layers[layer];
-    int64_t g0 = start / ratio, ng = compress_len - g0;  // groups completed by this chunk
-    Tensor latent;                                       // [ng, Dh] pre-RoPE latent
-    if (ratio == 1) {
-      latent = be.rmsnorm(be.linear(x, a.comp_wkv), a.comp_norm, eps);
-    } else {
-      Tensor kvf = be.linear(x, a.comp_wkv), score = be.linear(x, a.comp_wgate);  // [n, Dh] fp32
-      if (ng > 0) {
-        // members of the completed groups: the pending tail, then this chunk's rows
-        Tensor mk = be.alloc(TType::kF32, {ng * ratio, dh}), ms = be.alloc(TType::kF32, {ng * ratio, dh});
-        for (int64_t t = g0 * ratio; t < compress_len * ratio; ++t) {
-          int64_t r = t - g0 * ratio;
-          if (t < start) {
-            be.copy_rows(mk, r, cache.tail_kv, t % ratio, 1);
-            be.copy_rows(ms, r, cache.tail_score, t % ratio, 1);
-          } else {
-            be.copy_rows(mk, r, kvf, t - start, 1);
-            be.copy_rows(ms, r, score, t - start, 1);
-          }
-        }
-        latent = be.softmax_pool(mk, ms, ratio);
-        be.round_bf16(latent);
-        latent = be.rmsnorm(latent, a.comp_norm, eps);
-      }
-      for (int64_t t = std::max(start, compress_len * ratio); t < end; ++t) {  // new pending tokens
-        be.copy_rows(cache.tail_kv, t % ratio, kvf, t - start, 1);
-        be.copy_rows(cache.tail_score, t % ratio, score, t - start, 1);
-      }
-    }
+  const int ratio = cfg_.layers[layer].ratio, dh = cfg_.head_dim, rd = cfg_.rope_dim, ihd = cfg_.index_head_dim;
+  DI_CHECK(p.cur.rows == p.n);  // Full layers run on every row
+  const int64_t start = p.start, end = start + p.n, compress_len = end / ratio;
+  const int64_t g0 = start / ratio;  // groups completed by this chunk: g0 .. compress_len - 1
+  // groups below keep_global_before keep the rows the prefix cache wrote
+  const int64_t gw = std::max(g0, p.options.keep_global_before / ratio), ng = std::max<int64_t>(0, compress_len - gw);
+  Tensor latent;  // [ng, Dh] pre-RoPE latent
+  if (ratio == 1) {
+    if (ng > 0) latent = rows_of(be, r.comp_kv, p.cur.row0 + (gw - start), ng);
+  } else {
+    Tensor kvf = rows_of(be, r.comp_kv, p.cur.row0, p.n), score = rows_of(be, r.comp_score, p.cur.row0, p.n);
     if (ng > 0) {
-      std::vector<int64_t> gpos(ng);
-      for (int64_t j = 0; j < ng; ++j) gpos[j] = (g0 + j) * ratio;  // a latent stands for its group's first token
-      reserve_compressed(cache, compress_len, be);
-      Tensor k = be.rmsnorm(be.linear(latent, a.idx_wk), a.idx_k_norm, eps);  // [ng, ihd]
-      be.rope(k, 1, ihd, rd, gpos, rope_[layer], false);
-      be.qdq(k, RowFormat::kFp4Ue8m0);
-      be.pack_rows(k, RowFormat::kFp4Ue8m0, cache.index_keys, iota_slots(g0, ng));
-      state.index_keys_layer = layer;
-      scratch.invalidate(layer);
-      be.rope(latent, 1, dh, rd, gpos, rope_[layer], false);
-      be.qdq(latent, RowFormat::kFp4E4m3);
-      be.pack_rows(latent, RowFormat::kFp4E4m3, cache.comp, iota_slots(g0, ng));
-      cache.n_comp = compress_len;
+      // members of the completed groups: the pending tail, then this chunk's rows
+      Tensor mk = be.alloc(TType::kF32, {ng * ratio, dh}), ms = be.alloc(TType::kF32, {ng * ratio, dh});
+      for (int64_t t = gw * ratio; t < compress_len * ratio; ++t) {
+        int64_t i = t - gw * ratio;
+        if (t < start) {
+          be.copy_rows(mk, i, cache.tail_kv, t % ratio, 1);
+          be.copy_rows(ms, i, cache.tail_score, t % ratio, 1);
+        } else {
+          be.copy_rows(mk, i, kvf, t - start, 1);
+          be.copy_rows(ms, i, score, t - start, 1);
+        }
+      }
+      latent = be.softmax_pool(mk, ms, ratio);
+      be.round_bf16(latent);
+      latent = be.rmsnorm(latent, a.comp_norm, eps);
     }
+    for (int64_t t = std::max(start, compress_len * ratio); t < end; ++t) {  // new pending tokens
+      be.copy_rows(cache.tail_kv, t % ratio, kvf, t - start, 1);
+      be.copy_rows(cache.tail_score, t % ratio, score, t - start, 1);
+    }
+    // a step short enough to be rolled back keeps its inputs (see rollback_state)
+    const bool keep_step = p.n <= cfg_.window;
+    cache.step_kv = keep_step ? kvf : Tensor{};
+    cache.step_score = keep_step ? score : Tensor{};
   }
+  if (compress_len > g0) p.state->index_keys_layer = layer;  // this layer published keys this step
+  if (ng == 0) return;
+  std::vector<int64_t> gpos(ng);
+  for (int64_t j = 0; j < ng; ++j) gpos[j] = (gw + j) * ratio;  // a latent stands for its group's first token
+  reserve_compressed(cache, compress_len, be);
+  Tensor k = be.rmsnorm(be.linear(latent, a.idx_wk), a.idx_k_norm, eps);  // [ng, ihd]
+  be.rope(k, 1, ihd, rd, gpos, rope_[layer], false);
+  be.qdq(k, RowFormat::kFp4Ue8m0);
+  be.pack_rows(k, RowFormat::kFp4Ue8m0, cache.index_keys, iota_slots(gw, ng));
+  be.rope(latent, 1, dh, rd, gpos, rope_[layer], false);
+  be.qdq(latent, RowFormat::kFp4E4m3);
+  be.pack_rows(latent, RowFormat::kFp4E4m3, cache.comp, iota_slots(gw, ng));
+  cache.n_comp = std::max(cache.n_comp, compress_len);
+  batch.scratch[part].invalidate(layer);
+}
+
+void Model::compressed_branch(int layer, const AttnRows& r, int part, Batch& batch, int offset, Tensor& rows,
+                              Tensor& idx) {
+  const LayerSchedule& ls = cfg_.layers[layer];
+  const BatchPart& p = batch.parts[part];
+  ForwardScratch& scratch = batch.scratch[part];
+  SequenceState& state = *p.state;
+  Backend& be = backend_;
+  const int ratio = ls.ratio, dh = cfg_.head_dim, ihd = cfg_.index_head_dim;
+  const int64_t nq = p.q.rows, compress_len = (p.start + p.n) / ratio;
 
   const LayerCache& src = state.layers[ls.kv_source];
   DI_CHECK(src.n_comp >= compress_len);
   if (ls.mode == AttnMode::kFull || ls.mode == AttnMode::kReindex) {
     if (compress_len == 0) {
-      idx = be.alloc(TType::kI32, {n, 0});
+      idx = be.alloc(TType::kI32, {nq, 0});
     } else {
       // The reference's indexers read the index keys most recently published by any Full layer that
       // emitted a row (SharedAttentionRuntime.index_k). A ratio-2 layer whose group is still open
@@ -190,15 +251,11 @@ void Model::compressed_branch(int layer, const Tensor& x, const Tensor& qr, cons
       DI_CHECK(key_src.n_comp >= compress_len);
       Tensor& keys = scratch.index_keys[{keys_layer, compress_len}];
       if (keys.empty()) keys = be.unpack_rows(key_src.index_keys, RowFormat::kFp4Ue8m0, ihd, iota_slots(0, compress_len));
-      Tensor qi = be.linear(qr, a.idx_wq_b);  // [n, nIH * ihd]
-      be.rope(qi, cfg_.index_n_heads, ihd, rd, positions, rope_[layer], false);
-      be.qdq(qi, RowFormat::kFp4Ue8m0);
-      Tensor wts = be.linear(x, a.idx_weights_proj);  // [n, nIH]
-      be.scale_bf16(wts, static_cast<float>(std::pow(ihd, -0.5) * std::pow(cfg_.index_n_heads, -0.5)));
       const TieBreak ties = options_.reference_decode_quirks ? TieBreak::kTorch : TieBreak::kLowestIndex;
-      std::vector<int64_t> visible(n);
-      for (int64_t i = 0; i < n; ++i) visible[i] = (positions[i] + 1) / ratio;
-      Tensor scores = be.index_scores(qi, cfg_.index_n_heads, keys, wts, visible);
+      std::vector<int64_t> visible(nq);
+      for (int64_t i = 0; i < nq; ++i) visible[i] = (p.q.first + i + 1) / ratio;
+      Tensor scores = be.index_scores(rows_of(be, r.qi, p.q.row0, nq), cfg_.index_n_heads, keys,
+                                      rows_of(be, r.wts, p.q.row0, nq), visible);
       if (ls.is_candidate_source) {
         scratch.candidates =
             be.select_candidates(scores, visible, cfg_.candidate_topk_blocks, cfg_.candidate_block_size, ties);
@@ -209,11 +266,19 @@ void Model::compressed_branch(int layer, const Tensor& x, const Tensor& qr, cons
       int k = static_cast<int>(std::min<int64_t>(cfg_.index_topk, compress_len));
       idx = be.topk_indices(scores, k, visible, offset, ties);
     }
-    scratch.topk[layer] = idx;
+    scratch.topk[layer] = {idx, offset};
   } else {
     auto it = scratch.topk.find(ls.index_source);
     DI_CHECK(it != scratch.topk.end());
-    idx = it->second;
+    idx = it->second.first;
+    if (it->second.second != offset) {
+      // the source had more window keys (the decoder_window_only split layer): re-offset, on the host
+      // (once per layer after the split, in long chunks only)
+      std::vector<int32_t> v = be.to_host_i32(idx);
+      for (int32_t& i : v)
+        if (i >= 0) i += offset - it->second.second;
+      idx = be.from_host_i32(v, idx.shape);
+    }
   }
   Tensor& unpacked = scratch.comp_rows[{ls.kv_source, compress_len}];
   if (unpacked.empty())

@@ -14,14 +14,37 @@
 #include "model/model_weights.h"
 #include "model/safetensors.h"
 #include "model/sequence_state.h"
+#include "model/state_io.h"
 
 namespace di {
 
 struct EngramTokenMap;  // tokenizer/engram_token_map.h
 
 struct ForwardResult {
-  std::vector<float> logits;  // [n_rows, vocab] fp32: the last position, or every position
-  Tensor features;            // [n_tokens, n_taps * D] DSpark feature taps (empty without DSpark)
+  std::vector<float> logits;  // [n_rows, vocab] fp32: the last position, or every computed position
+  Tensor features;            // [n_rows, n_taps * D] DSpark feature taps (empty without DSpark)
+  // Position of logits row 0 (all_logits) and of features row 0: the state's n_tokens before the
+  // forward, or later when decoder_window_only computed only the chunk's last rows.
+  int64_t rows_position = 0;
+};
+
+struct ForwardOptions {
+  bool all_logits = false;  // one logits row per computed token, else the last token's row only
+  // Encoder side of SWA bounded replay: the compressed-KV / index-key rows of positions
+  // < keep_global_before came from the prefix cache; this forward rebuilds the window rings,
+  // compressor tails and DSpark features of its tokens but does not rewrite those rows.
+  int64_t keep_global_before = 0;
+  // Decoder side of SWA bounded replay: in a chunk longer than the window, the last KV-source layer
+  // (the last Full layer) writes its global rows and window ring from every row, then it and the
+  // layers after it run only on the chunk's last `window` rows. Their window attention then lacks
+  // the dropped rows: an approximation (off = exact). Logits and features cover the kept rows.
+  bool decoder_window_only = false;
+};
+
+struct BatchEntry {
+  SequenceState* state = nullptr;
+  std::vector<int32_t> ids;  // tokens at positions state->n_tokens..
+  ForwardOptions options;
 };
 
 struct DraftResult {
@@ -71,9 +94,22 @@ class Model {
   SequenceState new_sequence() { return make_sequence_state(cfg_, backend_); }
 
   // Runs `ids` at positions state.n_tokens.. (a prefill chunk or one decode token) and appends them
-  // to the caches. all_logits: one row per token, else the last token's row only.
+  // to the caches. all_logits: one row per token, else the last token's row only. A batch of one.
   ForwardResult forward(SequenceState& state, const std::vector<int32_t>& ids, bool all_logits = false,
                         const ForwardHooks* hooks = nullptr);
+
+  // Continuous batching: prefill chunks and decode tokens of different sequences in one pass. Dense
+  // work (embedding, mHC, norms, projections, MoE, head) runs once over the concatenated rows of all
+  // entries; attention, compressors, indexer and Engram history per entry. One result per entry, in
+  // order. On the CPU backend each entry's results are bit-identical to running it alone. Each
+  // state may appear once. Hooks see the concatenated rows.
+  std::vector<ForwardResult> forward_batch(std::vector<BatchEntry>& entries, const ForwardHooks* hooks = nullptr);
+
+  // Engram token history of a prefix restored from the prefix cache without running it.
+  void restore_history(SequenceState& state, const std::vector<int32_t>& prefix_ids);
+
+  // The last layer that writes global rows a later layer reads (the last Full layer), -1 if none.
+  int last_kv_source_layer() const;
 
   // DSpark: writes the draft stages' window rows for the positions whose target features are given
   // (rows for positions state.dspark_seeded..), as the reference's prefill / per-step seeding.
@@ -85,16 +121,18 @@ class Model {
  private:
   Model(ModelConfig cfg, std::unique_ptr<Checkpoint> ckpt, Backend& backend);
 
-  struct ForwardScratch;  // per-forward shared attention state (top-k lists, candidates)
-  Tensor block(int layer, const Tensor& h, Tensor& pre_mix, const std::vector<int64_t>& positions,
-               SequenceState& state, ForwardScratch& scratch, const ForwardHooks* hooks);
-  Tensor attention(int layer, const Tensor& x, const std::vector<int64_t>& positions, SequenceState& state,
-                   ForwardScratch& scratch);
+  struct ForwardScratch;  // per-forward, per-sequence shared attention state (top-k lists, candidates)
+  struct Batch;           // the row layout of one forward: which rows belong to which sequence
+  struct AttnRows;        // one layer's batched projections, sliced per sequence
+  Tensor block(int layer, Tensor& h, Tensor& pre_mix, Batch& batch, const ForwardHooks* hooks);
+  Tensor attention(int layer, const Tensor& x, Batch& batch);
   Tensor dspark_attention(int layer, const Tensor& x, const std::vector<int64_t>& positions, SequenceState& state);
-  // Compressed branch of a ratio > 0 layer: rows to append to the attention keys and their top-k
-  // lists (already offset by `offset`).
-  void compressed_branch(int layer, const Tensor& x, const Tensor& qr, const std::vector<int64_t>& positions,
-                         SequenceState& state, ForwardScratch& scratch, int offset, Tensor& rows, Tensor& idx);
+  // Full layers: the compressor over one sequence's rows (pending tail, completed groups -> packed
+  // compressed KV and index keys).
+  void compress(int layer, const AttnRows& a, int part, Batch& batch);
+  // Compressed branch of a ratio > 0 layer for one sequence's query rows: rows to append to the
+  // attention keys and their top-k lists (already offset by `offset`).
+  void compressed_branch(int layer, const AttnRows& a, int part, Batch& batch, int offset, Tensor& rows, Tensor& idx);
   Tensor attention_output(int layer, Tensor& o, const std::vector<int64_t>& positions);
   Tensor moe(int layer, const Tensor& x);
   Tensor engram(int layer, const Tensor& h, const Tensor& cols);

@@ -1,0 +1,169 @@
+// Continuous batching on the CPU backend is batch-invariant: each entry of forward_batch gets
+// exactly (bit for bit) the logits and DSpark features it gets alone, whatever the other entries
+// are -- prefill chunks of any length (inside compress groups too), one-token decodes, entries that
+// keep only their last window rows (decoder_window_only) -- because every dense CPU op computes each
+// row with a summation order that does not depend on the number of rows (linear: per (row, output)
+// in K order; MoE: per token in expert-id order), and attention runs per entry.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+
+#include "core/error.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+namespace di {
+namespace {
+
+using testing_util::fresh_seed;
+using testing_util::random_ids;
+
+struct Step {
+  std::vector<int32_t> ids;
+  ForwardOptions options;
+};
+
+// Random chunk plans for one sequence: prefill chunks of 1..W+5 tokens, then one-token decodes
+// mixed with short chunks; all_logits random; decoder_window_only on some long chunks.
+std::vector<Step> random_plan(std::mt19937_64& rng, int vocab, int window, int64_t max_tokens) {
+  std::vector<Step> plan;
+  int64_t total = 0, target = 20 + static_cast<int64_t>(rng() % static_cast<uint64_t>(max_tokens - 20));
+  while (total < target) {
+    int64_t n = rng() % 3 == 0 ? 1 : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(window + 5));
+    n = std::min(n, target - total);
+    Step s;
+    s.ids = random_ids(rng, n, vocab);
+    if (total == 0) s.ids[0] = 0;  // bos
+    s.options.all_logits = rng() % 2 == 0;
+    s.options.decoder_window_only = n > window && rng() % 2 == 0;
+    plan.push_back(s);
+    total += n;
+  }
+  return plan;
+}
+
+void expect_same(const ForwardResult& batched, const ForwardResult& alone, Backend& be, const std::string& where) {
+  ASSERT_EQ(batched.logits.size(), alone.logits.size()) << where;
+  for (size_t i = 0; i < alone.logits.size(); ++i) ASSERT_EQ(batched.logits[i], alone.logits[i]) << where << " logit " << i;
+  EXPECT_EQ(batched.rows_position, alone.rows_position) << where;
+  ASSERT_EQ(batched.features.shape, alone.features.shape) << where;
+  std::vector<float> fb = be.to_host_f32(batched.features), fa = be.to_host_f32(alone.features);
+  for (size_t i = 0; i < fa.size(); ++i) ASSERT_EQ(fb[i], fa[i]) << where << " feature " << i;
+}
+
+// Runs `n_seq` random plans alone, then the same plans interleaved in random batches; every
+// entry's results must match exactly. Returns the number of batched forwards with > 1 entry.
+int check_batch_invariance(Model& model, Backend& be, uint64_t seed, int n_seq) {
+  std::mt19937_64 rng(seed);
+  const ModelConfig& cfg = model.config();
+  std::vector<std::vector<Step>> plans;
+  for (int s = 0; s < n_seq; ++s) plans.push_back(random_plan(rng, cfg.vocab_size, cfg.window, 70));
+  std::vector<std::vector<ForwardResult>> alone(n_seq);
+  for (int s = 0; s < n_seq; ++s) {
+    SequenceState st = model.new_sequence();
+    for (const Step& step : plans[s]) {
+      std::vector<BatchEntry> one{{&st, step.ids, step.options}};
+      alone[s].push_back(model.forward_batch(one)[0]);
+    }
+  }
+  std::vector<SequenceState> states;
+  for (int s = 0; s < n_seq; ++s) states.push_back(model.new_sequence());
+  std::vector<size_t> next(n_seq, 0);
+  int multi = 0;
+  for (int round = 0;; ++round) {
+    std::vector<int> members;
+    for (int s = 0; s < n_seq; ++s)
+      if (next[s] < plans[s].size() && rng() % 4 != 0) members.push_back(s);
+    bool done = true;
+    for (int s = 0; s < n_seq; ++s) done = done && next[s] == plans[s].size();
+    if (done) break;
+    if (members.empty()) continue;
+    std::shuffle(members.begin(), members.end(), rng);
+    std::vector<BatchEntry> batch;
+    for (int s : members) batch.push_back({&states[s], plans[s][next[s]].ids, plans[s][next[s]].options});
+    std::vector<ForwardResult> out = model.forward_batch(batch);
+    EXPECT_EQ(out.size(), members.size());
+    multi += members.size() > 1;
+    for (size_t i = 0; i < members.size(); ++i) {
+      int s = members[i];
+      expect_same(out[i], alone[s][next[s]], be,
+                  "round " + std::to_string(round) + " sequence " + std::to_string(s) + " step " + std::to_string(next[s]));
+      ++next[s];
+    }
+  }
+  return multi;
+}
+
+class BatchForward : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    backend_ = make_cpu_backend();
+    consistent_ = testing_util::load_tiny_model(*backend_, false);
+    reference_ = testing_util::load_tiny_model(*backend_, true);
+  }
+  static void TearDownTestSuite() {
+    consistent_.reset();
+    reference_.reset();
+    backend_.reset();
+  }
+  static std::unique_ptr<Backend> backend_;
+  static std::unique_ptr<Model> consistent_;  // reference_decode_quirks off
+  static std::unique_ptr<Model> reference_;   // on
+};
+std::unique_ptr<Backend> BatchForward::backend_;
+std::unique_ptr<Model> BatchForward::consistent_;
+std::unique_ptr<Model> BatchForward::reference_;
+
+TEST_F(BatchForward, EachEntryMatchesItsRunAloneExactly) {
+  int multi = check_batch_invariance(*consistent_, *backend_, fresh_seed("BatchForward.quirks_off"), 4);
+  std::printf("[batch forward] quirks off: %d batched steps with several entries, all bit-identical\n", multi);
+  EXPECT_GT(multi, 3);
+}
+
+// The reference's decode quirks are per sequence (its index-key source, torch's tie order over the
+// row's width), so batching leaves them alone as well.
+TEST_F(BatchForward, HoldsWithTheReferenceDecodeQuirksToo) {
+  int multi = check_batch_invariance(*reference_, *backend_, fresh_seed("BatchForward.quirks_on"), 3);
+  std::printf("[batch forward] quirks on: %d batched steps with several entries, all bit-identical\n", multi);
+  EXPECT_GT(multi, 2);
+}
+
+TEST_F(BatchForward, ForwardIsABatchOfOne) {
+  std::mt19937_64 rng(fresh_seed("BatchForward.one"));
+  std::vector<int32_t> ids = random_ids(rng, 23, consistent_->config().vocab_size);
+  SequenceState a = consistent_->new_sequence(), b = consistent_->new_sequence();
+  ForwardResult ra = consistent_->forward(a, ids, true);
+  std::vector<BatchEntry> one{{&b, ids, {}}};
+  one[0].options.all_logits = true;
+  ForwardResult rb = consistent_->forward_batch(one)[0];
+  EXPECT_EQ(ra.logits, rb.logits);
+  EXPECT_EQ(a.n_tokens, 23);
+  EXPECT_EQ(b.n_tokens, 23);
+  EXPECT_EQ(ra.features.rows(), 23);
+}
+
+TEST_F(BatchForward, RejectsTheSameStateTwice) {
+  SequenceState st = consistent_->new_sequence();
+  std::vector<BatchEntry> twice{{&st, {0, 5}, {}}, {&st, {7}, {}}};
+  EXPECT_THROW(consistent_->forward_batch(twice), Error);
+  EXPECT_EQ(st.n_tokens, 0);
+}
+
+TEST_F(BatchForward, DecoderWindowOnlyKeepsTheLastWindowRows) {
+  const int w = consistent_->config().window;
+  std::mt19937_64 rng(fresh_seed("BatchForward.window_only"));
+  std::vector<int32_t> ids = random_ids(rng, 3 * w + 5, consistent_->config().vocab_size);
+  SequenceState st = consistent_->new_sequence();
+  std::vector<BatchEntry> e{{&st, ids, {}}};
+  e[0].options.all_logits = true;
+  e[0].options.decoder_window_only = true;
+  ForwardResult r = consistent_->forward_batch(e)[0];
+  EXPECT_EQ(r.rows_position, 2 * w + 5);
+  EXPECT_EQ(r.logits.size(), static_cast<size_t>(w) * consistent_->config().vocab_size);
+  EXPECT_EQ(r.features.rows(), w);
+  EXPECT_EQ(st.n_tokens, 3 * w + 5);
+}
+
+}  // namespace
+}  // namespace di
