@@ -34,7 +34,6 @@ int cmd_generate(const Argv& argv) {
   sp.top_p = static_cast<float>(args.get_double_or("top-p", 1.0));
   sp.top_k = static_cast<int>(args.get_int_or("top-k", 0));
   sp.seed = static_cast<uint64_t>(args.get_int_or("seed", 0));
-  Sampler sampler(sp);
 
   std::unique_ptr<Backend> backend = make_backend(args.get_or("device", "cpu"));
   ModelOptions opts;
@@ -55,12 +54,15 @@ int cmd_generate(const Argv& argv) {
     throw Error("prompt of " + std::to_string(ids.size()) + " tokens + --max-tokens " + std::to_string(max_tokens) +
                 " exceeds the model's context of " + std::to_string(model->config().max_position) + " tokens");
 
+  RequestSampler sampler(sp, vocab, ids);
+  std::vector<int32_t> output;
   SequenceState st = model->new_sequence();
   Detokenizer detok(*tok, /*skip_special=*/true);
   ForwardResult out = model->forward(st, ids);
   for (long long i = 0; i < max_tokens; ++i) {
-    int32_t next = sampler.sample(out.logits.data(), vocab);
+    int32_t next = sampler.sample(std::span<const float>(out.logits.data(), vocab), output).id;
     if (next == tok->eos_id()) break;
+    output.push_back(next);
     std::fputs(detok.push(next).c_str(), stdout);
     std::fflush(stdout);
     if (i + 1 < max_tokens) out = model->forward(st, {next});
