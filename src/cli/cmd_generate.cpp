@@ -1,75 +1,71 @@
 // deepinfer generate [--model DIR] --prompt TEXT [--chat] [--max-tokens N] [--temperature T]
-//                    [--top-p P] [--top-k K] [--seed S] [--device cpu|cuda]
-// Prints the generated text as it is produced. Without --model, the embedded default model.
+//                    [--top-p P] [--top-k K] [--seed S] [--device cpu|cuda] [--no-reference-quirks]
+//                    [--prefix-cache off|replay|exact] [--batch-invariant] [--no-async]
+//   Prints the generated text as it is produced.
+// deepinfer generate [--model DIR] --prompts IN.jsonl --output OUT.jsonl [same sampling and engine flags]
+//   Offline batch generation (generate_jsonl.h).
+// Without --model, the embedded default model. Both go through the Engine (include/deepinfer/engine.h).
 #include <cstdio>
-#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
-#include "backend/backend.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "cli/generate_jsonl.h"
 #include "core/error.h"
-#include "model/model.h"
-#include "sampling/sampler.h"
-#include "tokenizer/chat_encoding.h"
-#include "tokenizer/detokenizer.h"
-#include "tokenizer/tokenizer.h"
+#include "deepinfer/engine.h"
 
 namespace di::cli {
 
-// The model that ships in the repository (a tiny V4.1-architecture checkpoint in the released format).
-std::filesystem::path default_model_dir() {
-  return std::filesystem::path(DEEPINFER_SOURCE_DIR) / "tests" / "data" / "golden_dev" / "model";
+namespace {
+
+// One prompt, streamed to stdout. Reproduces the official reference's decode unless
+// --no-reference-quirks or --batch-invariant (the reference's decode depends on prompt chunking),
+// and samples with seed 0 unless --seed: the same command prints the same text.
+int generate_one(const Args& args) {
+  Request req;
+  req.sampling = sampling_options(args, /*default_max_tokens=*/64);
+  if (!req.sampling.seed) req.sampling.seed = 0;
+  const std::string prompt = args.get("prompt");
+  if (args.flag("chat")) {
+    req.chat_json = nlohmann::json{{"messages", {{{"role", "user"}, {"content", prompt}}}}}.dump();
+  } else {
+    req.prompt = prompt;
+  }
+  req.stream = true;
+  EngineOptions options = engine_options(args);
+  options.reference_decode_quirks = !args.flag("no-reference-quirks") && !options.batch_invariant;
+  std::unique_ptr<Engine> engine = Engine::create(options);
+  const RequestId id = engine->submit(std::move(req));
+  for (;;) {
+    std::optional<TokenEvent> ev = engine->next_event(id, std::chrono::milliseconds(100));
+    if (!ev) continue;
+    std::fputs(ev->text.c_str(), stdout);
+    std::fflush(stdout);
+    if (ev->finished) {
+      std::fputc('\n', stdout);
+      if (ev->finish_reason == "error") throw Error(ev->error);
+      return 0;
+    }
+  }
 }
 
+}  // namespace
+
 int cmd_generate(const Argv& argv) {
-  Args args(argv, {"model", "prompt", "max-tokens", "temperature", "top-p", "top-k", "seed", "device"}, {"chat", "no-reference-quirks"});
-  std::filesystem::path dir = args.get_or("model", default_model_dir().string());
-  std::string prompt = args.get("prompt");
-  long long max_tokens = args.get_int_or("max-tokens", 64);
-  if (max_tokens < 1) throw Error("--max-tokens: expected a positive number, got " + std::to_string(max_tokens));
-  SamplingParams sp;
-  sp.temperature = static_cast<float>(args.get_double_or("temperature", 1.0));
-  sp.top_p = static_cast<float>(args.get_double_or("top-p", 1.0));
-  sp.top_k = static_cast<int>(args.get_int_or("top-k", 0));
-  sp.seed = static_cast<uint64_t>(args.get_int_or("seed", 0));
-
-  std::unique_ptr<Backend> backend = make_backend(args.get_or("device", "cpu"));
-  ModelOptions opts;
-  opts.reference_decode_quirks = !args.flag("no-reference-quirks");
-  std::unique_ptr<Model> model = Model::load(dir, *backend, opts);
-  std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir);
-  std::vector<int32_t> ids;
-  if (args.flag("chat")) {
-    nlohmann::ordered_json req = {{"messages", {{{"role", "user"}, {"content", prompt}}}}};
-    ids = tok->encode(encode_chat_request(req).text, true);
-  } else {
-    ids = {tok->bos_id()};
-    std::vector<int32_t> body = tok->encode(prompt, false);
-    ids.insert(ids.end(), body.begin(), body.end());
+  Args args(argv, with_options(with_options({"prompt", "prompts", "output"}, kEngineValueOptions), kSamplingValueOptions),
+            with_options({"chat", "no-reference-quirks"}, kEngineFlagOptions));
+  if (args.has("prompt") == args.has("prompts"))
+    throw Error("generate: give exactly one of --prompt TEXT or --prompts FILE.jsonl");
+  if (args.has("prompts")) {
+    if (!args.has("output")) throw Error("generate: --prompts needs --output FILE.jsonl ('-' for stdout)");
+    if (args.flag("chat") || args.flag("no-reference-quirks"))
+      throw Error("generate: --chat and --no-reference-quirks go with --prompt; a --prompts line gives \"messages\" for chat");
+    return generate_jsonl(args);
   }
-  const int64_t vocab = model->config().vocab_size;
-  if (static_cast<int64_t>(ids.size()) + max_tokens > model->config().max_position)
-    throw Error("prompt of " + std::to_string(ids.size()) + " tokens + --max-tokens " + std::to_string(max_tokens) +
-                " exceeds the model's context of " + std::to_string(model->config().max_position) + " tokens");
-
-  RequestSampler sampler(sp, vocab, ids);
-  std::vector<int32_t> output;
-  SequenceState st = model->new_sequence();
-  Detokenizer detok(*tok, /*skip_special=*/true);
-  ForwardResult out = model->forward(st, ids);
-  for (long long i = 0; i < max_tokens; ++i) {
-    int32_t next = sampler.sample(std::span<const float>(out.logits.data(), vocab), output).id;
-    if (next == tok->eos_id()) break;
-    output.push_back(next);
-    std::fputs(detok.push(next).c_str(), stdout);
-    std::fflush(stdout);
-    if (i + 1 < max_tokens) out = model->forward(st, {next});
-  }
-  std::fputs(detok.flush().c_str(), stdout);
-  std::fputc('\n', stdout);
-  return 0;
+  if (args.has("output")) throw Error("generate: --output goes with --prompts");
+  return generate_one(args);
 }
 
 }  // namespace di::cli

@@ -15,13 +15,15 @@ struct Command {
 };
 
 const Command kCommands[] = {
-    {"generate", di::cli::cmd_generate, "generate text from a prompt (CPU reference backend)"},
+    {"generate", di::cli::cmd_generate, "generate text from a prompt, or a JSONL file of requests"},
+    {"chat", di::cli::cmd_chat, "interactive multi-turn chat (V4.1 chat encoding, streamed replies)"},
     {"score", di::cli::cmd_score, "write logits for a prompt and forced continuation (golden layout)"},
     {"inspect", di::cli::cmd_inspect, "validate a checkpoint; print config, layer schedule, tensor bytes"},
     {"tokenize", di::cli::cmd_tokenize, "JSONL {\"text\"} on stdin -> {\"ids\"} on stdout"},
     {"encode-chat", di::cli::cmd_encode_chat, "render a chat-completions request as V4.1 prompt text and ids"},
     {"parse-completion", di::cli::cmd_parse_completion, "split completion text into reasoning, content, tool calls"},
     {"write-checkpoint", di::cli::cmd_write_checkpoint, "write a random checkpoint in the released format"},
+    {"bench", di::cli::cmd_bench, "time decode and prefill per layer and per op against measured ceilings"},
 };
 
 void usage(FILE* out) {

@@ -1,0 +1,10 @@
+// The model used when a front end (CLI, Python) is given none.
+#pragma once
+
+#include <filesystem>
+
+namespace di::cli {
+
+std::filesystem::path default_model_dir();
+
+}  // namespace di::cli
