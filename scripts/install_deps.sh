@@ -6,6 +6,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   nlohmann-json3-dev libpcre2-dev libicu-dev
   libgtest-dev libbenchmark-dev
+  python3-dev pybind11-dev
   nodejs npm
 )
 
