@@ -90,13 +90,7 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
   // queries from the query rows
   AttnRows r;
   r.x = x;
-  if (batch.query_rows_differ()) {
-    r.xq = be.alloc(TType::kF32, {batch.q_rows, x.row_size()});
-    for (const BatchPart& p : batch.parts)
-      be.copy_rows(r.xq, p.q.row0, x, p.cur.row0 + (p.q.first - p.cur.first), p.q.rows);
-  } else {
-    r.xq = x;
-  }
+  r.xq = batch.query_rows(be, x);
   r.qr = be.rmsnorm(be.linear(r.xq, a.wq_a), a.q_norm, eps);  // [q rows, q_lora]
   r.q = be.linear(r.qr, a.wq_b);                               // [q rows, H*Dh]
   be.rope(r.q, heads, dh, rd, batch.q_positions, rope_[layer], false);

@@ -84,27 +84,15 @@ Tensor Model::engram(int layer, const Tensor& h, const Tensor& cols) {
   return backend_.engram_inject(h, kv, lw.engram_q, lw.engram_k, cfg_.hc_mult, static_cast<float>(cfg_.norm_eps));
 }
 
-namespace {
-
-// The current rows of `t` that are also query rows, in the query layout.
-Tensor to_query_rows(Backend& be, const Tensor& t, const std::vector<BatchPart>& parts, int64_t q_rows) {
-  if (q_rows == t.rows()) return t;
-  Tensor out = be.alloc(t.type, {q_rows, t.row_size()});
-  for (const BatchPart& p : parts) be.copy_rows(out, p.q.row0, t, p.cur.row0 + (p.q.first - p.cur.first), p.q.rows);
-  return out;
-}
-
-}  // namespace
-
-Tensor Model::block(int layer, Tensor& h, Tensor& pre_mix, Batch& batch, const ForwardHooks* hooks) {
+Tensor Model::block(int layer, const Tensor& h_in, Tensor& pre_mix, Batch& batch, const ForwardHooks* hooks) {
   const LayerWeights& lw = w_.layers[layer];
   const int hc = cfg_.hc_mult;
   const float eps = static_cast<float>(cfg_.norm_eps), hc_eps = static_cast<float>(cfg_.hc_eps);
   // attention site: collapses with the previous site's pre; its input feeds the keys of every
   // current row, its queries (and everything after) only the query rows
-  Tensor x = backend_.rmsnorm(backend_.hc_pre(h, pre_mix, hc), lw.attn_norm, eps);
+  Tensor x = backend_.rmsnorm(backend_.hc_pre(h_in, pre_mix, hc), lw.attn_norm, eps);
   batch.set_query_rows(layer == batch.split_layer, cfg_.window);
-  h = to_query_rows(backend_, h, batch.parts, batch.q_rows);
+  Tensor h = batch.query_rows(backend_, h_in);
   // the mixes the FFN site uses
   Tensor a_mix = backend_.hc_mixes(h, hc, lw.hc_attn_fn, lw.hc_attn_scale, lw.hc_attn_base, eps,
                                    cfg_.hc_sinkhorn_iters, hc_eps);
@@ -123,158 +111,14 @@ Tensor Model::block(int layer, Tensor& h, Tensor& pre_mix, Batch& batch, const F
   return backend_.hc_post(y, h1, f_mix, hc);
 }
 
-int Model::last_kv_source_layer() const {
-  int last = -1;
-  for (const LayerSchedule& ls : cfg_.layers)
-    if (!ls.is_dspark && ls.mode == AttnMode::kFull) last = ls.layer;
-  return last;
-}
-
-void Model::restore_history(SequenceState& state, const std::vector<int32_t>& prefix_ids) {
-  state.engram_history.clear();
-  if (engram_.n_slots() == 0) return;
-  for (int32_t id : prefix_ids) state.engram_history.push_back(engram_compress(engram_token_map_, id));
-}
-
-ForwardResult Model::forward(SequenceState& state, const std::vector<int32_t>& ids, bool all_logits,
-                             const ForwardHooks* hooks) {
-  std::vector<BatchEntry> one(1);
-  one[0].state = &state;
-  one[0].ids = ids;
-  one[0].options.all_logits = all_logits;
-  return std::move(forward_batch(one, hooks)[0]);
-}
-
-std::vector<ForwardResult> Model::forward_batch(std::vector<BatchEntry>& entries, const ForwardHooks* hooks) {
-  DI_CHECK(!entries.empty());
-  Batch batch;
-  batch.split_layer = last_kv_source_layer();
-  batch.scratch.resize(entries.size());
-  std::vector<int32_t> all_ids;
-  for (size_t e = 0; e < entries.size(); ++e) {
-    const BatchEntry& en = entries[e];
-    DI_CHECK(en.state != nullptr && !en.ids.empty());
-    for (size_t f = 0; f < e; ++f)
-      if (entries[f].state == en.state) throw Error("forward_batch: entries " + std::to_string(f) + " and " +
-                                                    std::to_string(e) + " feed the same sequence state");
-    const int64_t n = static_cast<int64_t>(en.ids.size()), start = en.state->n_tokens;
-    if (start + n > cfg_.max_position)
-      throw Error("sequence of " + std::to_string(start + n) + " tokens exceeds max_position_embeddings " +
-                  std::to_string(cfg_.max_position));
-    for (int32_t id : en.ids)
-      if (id < 0 || id >= cfg_.vocab_size)
-        throw Error("token id " + std::to_string(id) + " out of range [0, " + std::to_string(cfg_.vocab_size) + ")");
-    const int64_t keep = en.options.keep_global_before;
-    for (const LayerCache& c : en.state->layers)
-      if (c.ratio > 0 && (keep % c.ratio != 0 || c.n_comp < std::min(keep, start + n) / c.ratio))
-        throw Error("forward: keep_global_before " + std::to_string(keep) + " must be a multiple of every compress "
-                    "ratio and covered by the state's global rows (" + std::to_string(c.n_comp * c.ratio) + ")");
-    if (engram_.n_slots() > 0 && en.state->engram_history.size() < static_cast<size_t>(start))
-      throw Error("forward: the state's Engram history holds " + std::to_string(en.state->engram_history.size()) +
-                  " tokens, fewer than its " + std::to_string(start) + " positions (restore_history first)");
-    BatchPart p;
-    p.state = en.state;
-    p.options = en.options;
-    p.start = start;
-    p.n = n;
-    p.cur = {batch.rows, n, start};
-    p.truncates = en.options.decoder_window_only && batch.split_layer >= 0 && n > cfg_.window;
-    batch.parts.push_back(p);
-    for (int64_t i = 0; i < n; ++i) batch.positions.push_back(start + i);
-    batch.rows += n;
-    all_ids.insert(all_ids.end(), en.ids.begin(), en.ids.end());
-  }
-
-  // Engram columns of every token, per part and table (the history holds the positions before)
-  const int nc = engram_.n_cols(), ns = engram_.n_slots();
-  std::vector<std::vector<int32_t>> cols(entries.size() * ns);  // [part * ns + slot] -> [n, nc]
-  for (size_t e = 0; e < entries.size() && ns > 0; ++e) {
-    BatchPart& p = batch.parts[e];
-    std::vector<int32_t>& hist = p.state->engram_history;
-    hist.resize(static_cast<size_t>(p.start));
-    for (int32_t id : entries[e].ids) hist.push_back(engram_compress(engram_token_map_, id));
-    std::vector<int64_t> pos(batch.positions.begin() + p.cur.row0, batch.positions.begin() + p.cur.row0 + p.n);
-    std::vector<int64_t> all(p.n * ns * nc);
-    engram_hash_tokens(engram_, hist, pos, engram_pad_, all.data());
-    for (int s = 0; s < ns; ++s) {
-      std::vector<int32_t>& c = cols[e * ns + s];
-      c.resize(p.n * nc);
-      for (int64_t i = 0; i < p.n; ++i)
-        for (int j = 0; j < nc; ++j) c[i * nc + j] = static_cast<int32_t>(all[(i * ns + s) * nc + j]);
-    }
-  }
-  auto engram_cols = [&](int slot) {  // [current rows, nc]
-    std::vector<int32_t> v(batch.rows * nc);
-    for (size_t e = 0; e < batch.parts.size(); ++e) {
-      const BatchPart& p = batch.parts[e];
-      const std::vector<int32_t>& c = cols[e * ns + slot];
-      std::copy(c.begin() + (p.cur.first - p.start) * nc, c.begin() + (p.cur.first - p.start + p.cur.rows) * nc,
-                v.begin() + p.cur.row0 * nc);
-    }
-    return backend_.from_host_i32(v, {batch.rows, nc});
-  };
-
-  Tensor h = repeat_streams(backend_.embed(backend_.from_host_i32(all_ids, {batch.rows}), w_.embed));  // [N, hc*D]
-  Tensor pre = one_hot_pre(batch.rows);
-  struct Tap {
-    Tensor rows;                 // [rows then, D]
-    std::vector<RowSpan> spans;  // the parts' rows then
-  };
-  std::vector<Tap> taps;
-  for (int l = 0; l < cfg_.n_layers; ++l) {
-    const LayerSchedule& ls = cfg_.layers[l];
-    if (hooks && hooks->before_layer) hooks->before_layer(l, h, pre);
-    if (ls.engram_slot >= 0) {
-      h = engram(l, h, engram_cols(ls.engram_slot));
-      if (hooks && hooks->after_engram) hooks->after_engram(l, h);
-    }
-    if (ls.dspark_tap >= 0) {  // attention input
-      Tap t{backend_.stream_mean(h, cfg_.hc_mult), {}};
-      for (const BatchPart& p : batch.parts) t.spans.push_back(p.cur);
-      taps.push_back(std::move(t));
-    }
-    h = block(l, h, pre, batch, hooks);
-    if (hooks && hooks->after_block) hooks->after_block(l, h, pre);
-  }
-
-  // the final collapse reuses the last block's FFN-site pre (V4.1 has no hc_head)
-  Tensor x = backend_.hc_pre(h, pre, cfg_.hc_mult);
-  std::vector<ForwardResult> results(batch.parts.size());
-  int64_t head_rows = 0;
-  for (const BatchPart& p : batch.parts) head_rows += p.options.all_logits ? p.cur.rows : 1;
-  if (head_rows != x.rows()) {
-    Tensor sel = backend_.alloc(TType::kF32, {head_rows, x.row_size()});
-    int64_t r = 0;
-    for (const BatchPart& p : batch.parts) {
-      int64_t n = p.options.all_logits ? p.cur.rows : 1;
-      backend_.copy_rows(sel, r, x, p.cur.row0 + p.cur.rows - n, n);
-      r += n;
-    }
-    x = sel;
-  }
-  x = backend_.rmsnorm(x, w_.norm, static_cast<float>(cfg_.norm_eps));
-  std::vector<float> logits = backend_.to_host_f32(backend_.linear(x, w_.head));
-  const int64_t vocab = cfg_.vocab_size;
-  int64_t r = 0;
-  for (size_t e = 0; e < batch.parts.size(); ++e) {
-    BatchPart& p = batch.parts[e];
-    ForwardResult& res = results[e];
-    int64_t n = p.options.all_logits ? p.cur.rows : 1;
-    res.logits.assign(logits.begin() + r * vocab, logits.begin() + (r + n) * vocab);
-    r += n;
-    res.rows_position = p.cur.first;
-    for (const Tap& t : taps) {  // this part's final rows of every tap
-      const RowSpan& then = t.spans[e];
-      Tensor rows = rows_of(backend_, t.rows, then.row0 + (p.cur.first - then.first), p.cur.rows);
-      res.features = res.features.empty() ? rows : backend_.concat_cols(res.features, rows);
-    }
-    p.state->n_tokens += p.n;
-  }
-  return results;
-}
-
-void Model::dspark_seed(SequenceState& state, const Tensor& features) {
+void Model::dspark_seed(SequenceState& state, const Tensor& features, int64_t first_position) {
   DI_CHECK(has_dspark());
+  if (first_position >= 0) {
+    if (first_position < state.dspark_seeded)
+      throw Error("dspark_seed: features from position " + std::to_string(first_position) + ", but positions up to " +
+                  std::to_string(state.dspark_seeded) + " are seeded");
+    state.dspark_seeded = first_position;  // the positions skipped fall out of the ring (features of >= window rows)
+  }
   int64_t n = features.rows(), start = state.dspark_seeded, win = cfg_.window;
   const float eps = static_cast<float>(cfg_.norm_eps);
   const LayerWeights& first = w_.layers[cfg_.n_layers];

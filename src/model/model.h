@@ -113,7 +113,9 @@ class Model {
 
   // DSpark: writes the draft stages' window rows for the positions whose target features are given
   // (rows for positions state.dspark_seeded..), as the reference's prefill / per-step seeding.
-  void dspark_seed(SequenceState& state, const Tensor& features);
+  // first_position >= 0: the features start there instead (ForwardResult::rows_position after a
+  // decoder_window_only chunk; the positions skipped must not be needed: >= window rows given).
+  void dspark_seed(SequenceState& state, const Tensor& features, int64_t first_position = -1);
   // DSpark: drafts block_size tokens after `anchor`, the token sampled at position `pos` + 1 (pos =
   // the last seeded position). Greedy drafts.
   DraftResult dspark_draft(SequenceState& state, int32_t anchor);
@@ -124,7 +126,7 @@ class Model {
   struct ForwardScratch;  // per-forward, per-sequence shared attention state (top-k lists, candidates)
   struct Batch;           // the row layout of one forward: which rows belong to which sequence
   struct AttnRows;        // one layer's batched projections, sliced per sequence
-  Tensor block(int layer, Tensor& h, Tensor& pre_mix, Batch& batch, const ForwardHooks* hooks);
+  Tensor block(int layer, const Tensor& h, Tensor& pre_mix, Batch& batch, const ForwardHooks* hooks);
   Tensor attention(int layer, const Tensor& x, Batch& batch);
   Tensor dspark_attention(int layer, const Tensor& x, const std::vector<int64_t>& positions, SequenceState& state);
   // Full layers: the compressor over one sequence's rows (pending tail, completed groups -> packed
@@ -134,6 +136,8 @@ class Model {
   // attention keys and their top-k lists (already offset by `offset`).
   void compressed_branch(int layer, const AttnRows& a, int part, Batch& batch, int offset, Tensor& rows, Tensor& idx);
   Tensor attention_output(int layer, Tensor& o, const std::vector<int64_t>& positions);
+  // Engram: appends ids to the history (cut to `start` first) and hashes them: [n][slot][col] rows.
+  std::vector<int32_t> engram_hashes(SequenceState& state, int64_t start, const std::vector<int32_t>& ids);
   Tensor moe(int layer, const Tensor& x);
   Tensor engram(int layer, const Tensor& h, const Tensor& cols);
   Tensor one_hot_pre(int64_t n);

@@ -77,6 +77,13 @@ struct Model::Batch {
     rows = q_rows;
   }
   bool query_rows_differ() const { return q_rows != rows; }
+  // The query rows of t [current rows, ...] (t itself when they are all of them).
+  Tensor query_rows(Backend& be, const Tensor& t) const {
+    if (!query_rows_differ()) return t;
+    Tensor out = be.alloc(t.type, {q_rows, t.row_size()});
+    for (const BatchPart& p : parts) be.copy_rows(out, p.q.row0, t, p.cur.row0 + (p.q.first - p.cur.first), p.q.rows);
+    return out;
+  }
 };
 
 // One attention layer's batched projections (every row at once), sliced per sequence after.
