@@ -70,7 +70,8 @@ uint8_t float_to_e4m3(float x) {
   const uint32_t u = std::bit_cast<uint32_t>(x);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7FFFFFFFu;
-  if (a >= 0x43F00000u) return sign | 0x7F;  // |x| >= 480, inf, NaN -> NaN (torch)
+  if (a > 0x7F800000u) return 0x7F;           // NaN -> the positive NaN code (see quant.h)
+  if (a >= 0x43F00000u) return sign | 0x7F;  // |x| >= 480, inf -> NaN (torch)
   if (a < 0x3C800000u) {
     // |x| < 2^-6: subnormal grid m * 2^-9, m = RNE(|x| * 2^9) in 0..8 (8 is the smallest normal).
     const float y = std::bit_cast<float>(a) * 512.0f;  // exact
@@ -97,6 +98,7 @@ uint8_t float_to_e2m1(float x) {
   // upper neighbour has an even code (0.75, 1.75, 3.5).
   static constexpr float kMids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
   static constexpr bool kTieUp[7] = {false, true, false, true, false, true, false};
+  if (std::isnan(x)) return 0;  // the sign of a NaN is not a value (see quant.h)
   const float mag = std::fabs(x);
   uint8_t code = 0;
   for (int i = 0; i < 7; ++i) code += static_cast<uint8_t>((mag > kMids[i]) + (mag == kMids[i] && kTieUp[i]));

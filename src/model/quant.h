@@ -85,7 +85,10 @@ inline constexpr float kFp4Max = 6.0f;
 inline float e4m3_to_float(uint8_t code) { return kE4M3ToFloat[code]; }
 
 // Exactly torch's x.to(torch.float8_e4m3fn): round to nearest even; |x| >= 464 (past the 448/480 tie)
-// and inf/NaN give NaN (0x7F | sign). The reference always clamps to +-448 first ("satfinite").
+// and +-inf give NaN (0x7F | sign). The reference always clamps to +-448 first ("satfinite").
+// A NaN input gives 0x7F whatever its sign bit: the reference runs on GPUs, whose arithmetic only ever
+// produces the positive canonical NaN, while x86 produces a negative one for 0/0 and inf/inf; ignoring
+// the NaN's sign makes the CPU and CUDA quantizers agree bit for bit on non-finite blocks.
 uint8_t float_to_e4m3(float x);
 
 // clamp(x, -448, 448) then float_to_e4m3: the reference's _to_e4m3_satfinite. NaN stays NaN.
@@ -106,7 +109,8 @@ inline float e2m1_to_float(uint8_t code) { return kE2M1ToFloat[code & 15]; }
 
 // Nearest grid value, ties to the even code (0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4,
 // 5->4); sign bit = signbit(x), so -0.1 -> code 8 (-0). Expects x already clamped to [-6, 6];
-// larger magnitudes give 6. NaN gives code 0 (or 8 with its sign bit), as the reference.
+// larger magnitudes give 6. NaN gives code 0 (+0) whatever its sign bit, as the reference on a GPU
+// (see float_to_e4m3 for why the sign of a NaN is ignored).
 uint8_t float_to_e2m1(float x);
 
 // ---- power-of-two scale ---------------------------------------------------------------------------

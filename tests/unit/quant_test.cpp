@@ -195,7 +195,8 @@ TEST(QuantE4M3, HandCases) {
   EXPECT_EQ(float_to_e4m3(-1e6f), 0xFF);
   EXPECT_EQ(float_to_e4m3(std::numeric_limits<float>::infinity()), 0x7F);
   EXPECT_EQ(float_to_e4m3(-std::numeric_limits<float>::infinity()), 0xFF);
-  EXPECT_EQ(float_to_e4m3(std::numeric_limits<float>::quiet_NaN()) & 0x7F, 0x7F);
+  EXPECT_EQ(float_to_e4m3(std::numeric_limits<float>::quiet_NaN()), 0x7F);
+  EXPECT_EQ(float_to_e4m3(from_bits(0xFFC00000)), 0x7F);  // x86's default NaN: its sign is ignored
   // satfinite (reference _to_e4m3_satfinite): clamp to +-448 first.
   EXPECT_EQ(float_to_e4m3_satfinite(1e6f), 0x7E);
   EXPECT_EQ(float_to_e4m3_satfinite(-470.0f), 0xFE);
@@ -287,6 +288,21 @@ TEST(QuantE2M1, TiesAndHandCases) {
   EXPECT_EQ(float_to_e2m1(-0.0f), 8);
   EXPECT_EQ(float_to_e2m1(6.0f), 7);
   EXPECT_EQ(float_to_e2m1(-6.0f), 15);
+  EXPECT_EQ(float_to_e2m1(std::numeric_limits<float>::quiet_NaN()), 0);  // NaN's sign is ignored
+  EXPECT_EQ(float_to_e2m1(from_bits(0xFFC00000)), 0);
+}
+
+// A block holding a NaN gets the scale -0.0 (exponent 256, as the reference's bit trick); its zero
+// elements then divide 0 / -0 = NaN, whose sign differs between x86 (negative) and GPUs (positive).
+// The encoders ignore that sign, so the qdq value is +0 * -0 = -0 everywhere.
+TEST(QuantFp4Ue8m0, NanBlockIsIndependentOfTheNanSign) {
+  float x[32] = {};
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  x[7] = 1.5f;
+  float y[32];
+  fp4_ue8m0_qdq(x, y, 32);
+  EXPECT_EQ(bits(y[0]), 0x80000000u);  // 0 / -0 -> NaN -> code 0 -> +0 * -0
+  EXPECT_EQ(bits(y[7]), 0x00000000u);  // 1.5 / -0 = -inf -> clamp -6 -> code 15 -> -6 * -0 = +0
 }
 
 TEST(QuantE2M1, AllBf16InRangeMatchNearestSearch) {

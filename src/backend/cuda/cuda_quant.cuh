@@ -1,7 +1,8 @@
 // Device versions of the reference quantizers of src/model/quant.cpp (spec §2.8), bit-exact with
-// them for finite input (same fp32 operations in the same order; divisions and products are spelled
-// __fdiv_rn / __fmul_rn so no flag or contraction can change them). NaN inputs give NaN outputs,
-// but NaN payload / sign bits may differ (GPU arithmetic returns the canonical NaN).
+// them (same fp32 operations in the same order; divisions and products are spelled __fdiv_rn /
+// __fmul_rn so no flag or contraction can change them). Non-finite blocks too: the encoders ignore
+// the sign of a NaN (E4M3 0x7F, E2M1 code 0) on both sides, so the x86 negative default NaN and the
+// GPU's positive canonical NaN quantize alike; NaN outputs may still differ in sign / payload bits.
 //
 // Three levels:
 //  - scalar formats: bf16 rounding (same bits as quant::float_to_bf16), E4M3 / E2M1 encoders, the
@@ -48,11 +49,13 @@ __device__ __forceinline__ float round_bf16(float x) {
 // torch.clamp(v, -lim, lim): NaN passes through.
 __device__ __forceinline__ float clamp_sym(float v, float lim) { return v < -lim ? -lim : (v > lim ? lim : v); }
 
-// quant::float_to_e4m3 (torch's .to(float8_e4m3fn)): RNE; |x| >= 480, inf, NaN -> NaN (0x7F | sign).
+// quant::float_to_e4m3 (torch's .to(float8_e4m3fn)): RNE; |x| >= 480, inf -> NaN (0x7F | sign);
+// NaN -> 0x7F.
 __device__ __forceinline__ uint8_t float_to_e4m3(float x) {
   const uint32_t u = __float_as_uint(x);
   const uint32_t sign = (u >> 24) & 0x80u;
   const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return 0x7Fu;
   if (a >= 0x43F00000u) return static_cast<uint8_t>(sign | 0x7Fu);
   if (a < 0x3C800000u) {
     // subnormal grid m * 2^-9: m = RNE(|x| * 512) in 0..8 (8 is the smallest normal, code 0x08)
@@ -70,8 +73,9 @@ __device__ __forceinline__ uint8_t float_to_e4m3(float x) {
 // The reference's _to_e4m3_satfinite: clamp to +-448 first (NaN stays NaN).
 __device__ __forceinline__ uint8_t float_to_e4m3_satfinite(float x) { return float_to_e4m3(clamp_sym(x, kFp8Max)); }
 
-// quant::float_to_e2m1: nearest grid value, ties to the even code; sign bit = sign bit of x.
+// quant::float_to_e2m1: nearest grid value, ties to the even code; sign bit = sign bit of x; NaN -> 0.
 __device__ __forceinline__ uint8_t float_to_e2m1(float x) {
+  if (x != x) return 0;
   const float mag = fabsf(x);
   uint32_t code = (mag > 0.25f) + (mag > 0.75f) + (mag == 0.75f) + (mag > 1.25f) + (mag > 1.75f) + (mag == 1.75f) +
                   (mag > 2.5f) + (mag > 3.5f) + (mag == 3.5f) + (mag > 5.0f);
