@@ -48,13 +48,12 @@ di::Request make_request(const std::pair<std::string, py::object>& input, const 
     throw di::Error("request kind: expected prompt, prompt_ids or chat_json, got '" + kind + "'");
   }
   r.sampling = sampling;
-  r.stream = true;  // lets the wait below wake up to check for Ctrl-C
   return r;
 }
 
 // Submits every request, then collects the results in order. The GIL is released while waiting;
-// every 100 ms it is taken back to let Python handle signals: on KeyboardInterrupt the requests are
-// cancelled and the exception propagates.
+// every 100 ms it is taken back to let Python handle signals: on KeyboardInterrupt the requests not
+// yet collected are cancelled and the exception propagates.
 std::vector<di::RequestResult> run(di::Engine& engine, const std::vector<std::pair<std::string, py::object>>& inputs,
                                    const std::vector<di::SamplingParams>& sampling) {
   if (inputs.size() != sampling.size())
@@ -70,22 +69,19 @@ std::vector<di::RequestResult> run(di::Engine& engine, const std::vector<std::pa
   results.reserve(requests.size());
   py::gil_scoped_release release;
   for (di::Request& r : requests) ids.push_back(engine.submit(std::move(r)));
-  for (di::RequestId id : ids) {
-    for (bool finished = false; !finished;) {
-      std::optional<di::TokenEvent> ev = engine.next_event(id, std::chrono::milliseconds(100));
-      finished = ev && ev->finished;
-      if (finished) break;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    // A request that is not streamed has one event, the finished one.
+    while (!engine.next_event(ids[i], std::chrono::milliseconds(100))) {
       py::gil_scoped_acquire acquire;
-      if (PyErr_CheckSignals() != 0) {
-        {
-          py::gil_scoped_release again;
-          for (di::RequestId other : ids) engine.cancel(other);
-          for (di::RequestId other : ids) engine.wait(other);
-        }
-        throw py::error_already_set();
+      if (PyErr_CheckSignals() == 0) continue;
+      {
+        py::gil_scoped_release again;
+        for (size_t j = i; j < ids.size(); ++j) engine.cancel(ids[j]);
+        for (size_t j = i; j < ids.size(); ++j) engine.wait(ids[j]);
       }
+      throw py::error_already_set();
     }
-    results.push_back(engine.wait(id));
+    results.push_back(engine.wait(ids[i]));
   }
   return results;
 }

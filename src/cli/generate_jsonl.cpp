@@ -103,6 +103,7 @@ int generate_jsonl(const Args& args) {
       {"cached_tokens", cached_tokens},
       {"prefix_hit_tokens", stats.prefix_hit_tokens},
       {"prefix_lookup_tokens", stats.prefix_lookup_tokens},
+      {"prefix_replay_tokens", stats.prefix_replay_tokens},
       {"preemptions", stats.preemptions},
       {"load_s", std::chrono::duration<double>(start - load_start).count()},
       {"elapsed_s", seconds},

@@ -3,7 +3,8 @@
 # results in input order with text, token_ids, finish_reason and usage; the JSON summary line on
 # stderr; a malformed line is an error naming its line; `stop` cuts the text before the match; a seed
 # reproduces a sampled generation (in the batch and across runs); a request the engine rejects fails
-# alone. Also `generate --prompt` (streaming, one prompt). Prompts are drawn fresh each run (seed printed).
+# alone; prefix-cache hits are counted (and exact hits change no token). Also `generate --prompt`
+# (streaming, one prompt). Prompts are drawn fresh each run (seed printed).
 # Usage: bash generate_jsonl_e2e.sh <deepinfer-binary> <repo>/tests
 set -uo pipefail
 
@@ -117,6 +118,35 @@ a, b = lines("out.jsonl"), lines("out_mode.jsonl")
 for i in (0, 1, 2, 4): assert a[i]["token_ids"] == b[i]["token_ids"], (i, a[i], b[i])
 '
 done
+
+# --- prefix cache -----------------------------------------------------------------------------
+# Four prompts sharing a prefix of >= 80 tokens (past one 64-token prefix block), one at a time: the
+# later ones hit the cache; with exact hits the greedy tokens equal those without a cache.
+python3 - "$SEED" "$DEEPINFER" "$MODEL" <<'PY' > "$WORK/shared.jsonl"
+import json, random, subprocess, sys
+rng = random.Random(int(sys.argv[1]) + 1)
+words = "the a cat dog sat on mat river stone quick brown fox jumps over lazy sun moon green tree".split()
+prefix = []
+def n_tokens(text):
+    out = subprocess.run([sys.argv[2], "tokenize", "--model", sys.argv[3], "--text", text], capture_output=True, text=True, check=True)
+    return len(json.loads(out.stdout)["ids"])
+while n_tokens(" ".join(prefix)) < 80: prefix.append(rng.choice(words))
+for i in range(4):
+    print(json.dumps({"prompt": " ".join(prefix + [rng.choice(words)]), "max_tokens": 4, "temperature": 0, "ignore_eos": True}))
+PY
+for mode in off exact; do
+  run_gen "prefix cache $mode" --prompts "$WORK/shared.jsonl" --output "$WORK/shared_$mode.jsonl" --prefix-cache $mode --max-running 1
+  tail -n 1 "$WORK/stderr" > "$WORK/summary_$mode.json"
+done
+check "prefix cache hits, exact hits change nothing" '
+off, exact = lines("shared_off.jsonl"), lines("shared_exact.jsonl")
+s_off, s_exact = (json.load(open(os.path.join(W, "summary_%s.json" % m))) for m in ("off", "exact"))
+assert s_off["prefix_hit_tokens"] == 0 and s_off["cached_tokens"] == 0, s_off
+assert s_exact["prefix_hit_tokens"] >= 3 * 64, s_exact
+assert s_exact["cached_tokens"] == sum(o["usage"]["cached_tokens"] for o in exact) == s_exact["prefix_hit_tokens"], s_exact
+assert exact[0]["usage"]["cached_tokens"] == 0 and all(o["usage"]["cached_tokens"] >= 64 for o in exact[1:]), exact
+assert [o["token_ids"] for o in off] == [o["token_ids"] for o in exact]
+'
 
 # --- stop -----------------------------------------------------------------------------------
 printf '{"prompt": "%s", "max_tokens": 24, "temperature": 0, "ignore_eos": true}\n' "${P[5]}" > "$WORK/nostop.jsonl"
