@@ -54,14 +54,16 @@ int generate_one(const Args& args) {
 }  // namespace
 
 int cmd_generate(const Argv& argv) {
-  Args args(argv, with_options(with_options({"prompt", "prompts", "output"}, kEngineValueOptions), kSamplingValueOptions),
+  Args args(argv,
+            with_options(with_options({"prompt", "prompts", "output"}, kEngineValueOptions), kSamplingValueOptions),
             with_options({"chat", "no-reference-quirks"}, kEngineFlagOptions));
   if (args.has("prompt") == args.has("prompts"))
     throw Error("generate: give exactly one of --prompt TEXT or --prompts FILE.jsonl");
   if (args.has("prompts")) {
     if (!args.has("output")) throw Error("generate: --prompts needs --output FILE.jsonl ('-' for stdout)");
     if (args.flag("chat") || args.flag("no-reference-quirks"))
-      throw Error("generate: --chat and --no-reference-quirks go with --prompt; a --prompts line gives \"messages\" for chat");
+      throw Error("generate: --chat and --no-reference-quirks go with --prompt; "
+                  "a --prompts line gives \"messages\" for chat");
     return generate_jsonl(args);
   }
   if (args.has("output")) throw Error("generate: --output goes with --prompts");

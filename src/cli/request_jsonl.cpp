@@ -25,7 +25,9 @@ double number(const Json& v, const std::string& key) {
 
 int64_t integer(const Json& v, const std::string& key, int64_t lo, int64_t hi) {
   if (!v.is_number_integer()) throw Error(where(key) + ": expected an integer, got " + v.dump());
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi) : (v.get<int64_t>() < lo || v.get<int64_t>() > hi))
+  const bool out_of_range = v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
+                                                   : (v.get<int64_t>() < lo || v.get<int64_t>() > hi);
+  if (out_of_range)
     throw Error(where(key) + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
                 v.dump());
   return v.get<int64_t>();
