@@ -52,14 +52,18 @@ TEST_F(Rollback, EveryAcceptedPrefixEqualsAFreshRun) {
   const ModelConfig& cfg = model_->config();
   const int vocab = cfg.vocab_size;
   int checked = 0;
-  for (int trial = 0; trial < 2; ++trial) {
-    // odd and even prefix lengths put the step's start inside and at the edge of a ratio-2 group
-    int64_t prefix_len = 17 + static_cast<int64_t>(rng() % 20) + trial;
-    int64_t k = 1 + static_cast<int64_t>(rng() % cfg.dspark_block_size) + 1;  // a verify step: anchor + drafts
+  for (int trial = 0; trial < 3; ++trial) {
+    // even and odd prefix lengths put the step's start at the edge and inside a ratio-2 group
+    int64_t prefix_len = 18 + 2 * static_cast<int64_t>(rng() % 10) + trial % 2;
+    // a verify step (anchor + drafts), then the longest step a checkpoint covers (the window)
+    int64_t k = trial < 2 ? 2 + static_cast<int64_t>(rng() % cfg.dspark_block_size) : cfg.window;
     std::vector<int32_t> prefix = random_ids(rng, prefix_len, vocab), step = random_ids(rng, k, vocab);
     SequenceState base = model_->new_sequence();
     feed(base, prefix);
-    for (int64_t j = 0; j <= k; ++j) {
+    std::vector<int64_t> keeps;
+    for (int64_t j = 0; j <= k; ++j)
+      if (trial < 2 || j < 3 || j > k - 3 || j == k / 2) keeps.push_back(j);
+    for (int64_t j : keeps) {
       SCOPED_TRACE("prefix " + std::to_string(prefix_len) + ", step " + std::to_string(k) + ", keep " + std::to_string(j));
       std::vector<int32_t> after = random_ids(rng, 1 + static_cast<int64_t>(rng() % 4), vocab);
       // speculative: run all k, seed them, roll back to j
