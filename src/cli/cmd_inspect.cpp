@@ -1,6 +1,8 @@
-// `deepinfer inspect --model DIR [--allow-unexpected] [--config-only]`: loads and validates the
-// config and the checkpoint, then prints the config summary, the per-layer schedule, tensor counts
-// and bytes per dtype, the weight memory per pool and the KV-cache bytes.
+// `deepinfer inspect --model DIR [--allow-unexpected] [--config-only] [--device cpu|cuda [--context N]]`:
+// loads and validates the config and the checkpoint, then prints the config summary, the per-layer
+// schedule, tensor counts and bytes per dtype, the weight memory per pool and the KV-cache bytes.
+// With --device: also loads the model on that backend, puts one sequence at N context tokens
+// (default 0) and runs one decode token, and reports the memory in use: weights, caches, workspace.
 #include <cstdio>
 #include <map>
 #include <string>
@@ -8,10 +10,14 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "backend/profiling_backend.h"
 #include "model/checkpoint_validate.h"
 #include "model/config.h"
 #include "model/memory_estimate.h"
+#include "model/model.h"
 #include "model/safetensors.h"
+#include "runtime/cache_fill.h"
+#include "runtime/memory_report.h"
 
 namespace di::cli {
 
@@ -117,10 +123,28 @@ void print_memory(const std::map<TensorGroup, uint64_t>& by_group, uint64_t visi
               human_bytes(kv.global_per_token * 1048576 + static_cast<double>(kv.window_per_request)).c_str());
 }
 
+// Loads the model on `device` behind an accounting backend and reports its memory after one decode
+// token at `context`.
+void print_device_memory(const std::string& dir, const std::string& device, int64_t context, bool allow_unexpected) {
+  std::unique_ptr<Backend> inner = make_backend(device);
+  ProfilingBackend pb(*inner);
+  ModelOptions mo;
+  mo.allow_unexpected_tensors = allow_unexpected;
+  std::unique_ptr<Model> model = Model::load(dir, pb, mo);
+  std::printf("memory on %s after load: %s\n", device.c_str(), format_memory_report(memory_report(pb, {})).c_str());
+  SequenceState s = model->new_sequence();
+  if (context > 0) CacheFiller(*model, context, 1, 1).fill(s);
+  pb.reset_peak();
+  model->forward(s, {model->config().bos_token_id});
+  pb.synchronize();
+  std::printf("memory on %s, one sequence after a decode token at context %lld: %s\n", device.c_str(),
+              static_cast<long long>(context), format_memory_report(memory_report(pb, {&s})).c_str());
+}
+
 }  // namespace
 
 int cmd_inspect(const Argv& argv) {
-  Args args(argv, {"model"}, {"allow-unexpected", "config-only"});
+  Args args(argv, {"model", "device", "context"}, {"allow-unexpected", "config-only"});
   const std::string dir = args.get("model");
   ModelConfig cfg = load_model_config(dir);
   std::printf("model: %s\n", dir.c_str());
@@ -165,6 +189,8 @@ int cmd_inspect(const Argv& argv) {
   }
   print_memory(by_group, vision, kv);
   std::printf("ok: checkpoint matches the config\n");
+  if (args.has("device"))
+    print_device_memory(dir, args.get("device"), args.get_int_or("context", 0), args.flag("allow-unexpected"));
   return 0;
 }
 

@@ -1,0 +1,240 @@
+// Device facts for tools (device_tools.h): name, memory, synchronisation, and the ceilings a
+// benchmark compares against, measured in the same process: a large device-to-device copy and large
+// bf16 and FP8 (e4m3, per-tensor scales) GEMMs through cuBLASLt.
+//
+// cuBLASLt is only a measuring stick here, so it is loaded at run time (dlopen) rather than linked:
+// the portable binaries keep no link dependency on it, and a machine without it still runs the
+// benchmark (the GEMM ceilings are then reported as missing, with the reason).
+#include <cublasLt.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/device_tools.h"
+
+namespace di::device {
+
+bool available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string name() {
+  if (!available()) return "";
+  cudaDeviceProp prop{};
+  DI_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return prop.name;
+}
+
+void synchronize() { DI_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+MemInfo mem_info() {
+  size_t free = 0, total = 0;
+  DI_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return {static_cast<int64_t>(free), static_cast<int64_t>(total)};
+}
+
+namespace {
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(size_t bytes) {
+    if (cudaMalloc(&p, bytes) != cudaSuccess)
+      throw Error("GPU out of memory allocating " + std::to_string(bytes) + " bytes for a ceiling measurement");
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+__global__ void random_fill_kernel(uint8_t* dst, int64_t n_elems, synthetic::FillSpec spec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_elems; i += stride)
+    synthetic::fill_element(spec, static_cast<uint64_t>(i), dst + i * spec.elem_bytes);
+}
+
+// Never time on zeros (they run faster than real data): random bf16 in [-1, 1) or random e4m3 codes.
+void random_fill(void* dst, int64_t n_elems, bool fp8, uint64_t seed) {
+  synthetic::FillSpec s;
+  s.seed = seed;
+  if (fp8) {
+    s.kind = synthetic::FillKind::kFp8Code;
+    s.elem_bytes = 1;
+  } else {
+    s.kind = synthetic::FillKind::kUniform;
+    s.elem_bytes = 2;
+    s.lo = -1;
+    s.hi = 1;
+  }
+  random_fill_kernel<<<132 * 16, 256>>>(static_cast<uint8_t*>(dst), n_elems, s);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+// Median milliseconds of `iters` runs of `fn` after `warmup` runs, timed with events on stream 0.
+template <typename F>
+double median_ms(F&& fn, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t a, b;
+  DI_CUDA_CHECK(cudaEventCreate(&a));
+  DI_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    DI_CUDA_CHECK(cudaEventRecord(a, 0));
+    fn();
+    DI_CUDA_CHECK(cudaEventRecord(b, 0));
+    DI_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    DI_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// The few cuBLASLt entry points we use, resolved from the shared library.
+struct Lt {
+  void* lib = nullptr;
+  decltype(&cublasLtCreate) create = nullptr;
+  decltype(&cublasLtDestroy) destroy = nullptr;
+  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&cublasLtMatmul) matmul = nullptr;
+
+  std::string load() {
+    const std::string names[] = {"libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublasLt.so"};
+    for (const std::string& n : names)
+      if ((lib = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
+    if (!lib) return "cuBLASLt not found (" + names[0] + " not on the library path)";
+    bool ok = true;
+    auto sym = [&](auto& fp, const char* s) {
+      fp = reinterpret_cast<std::remove_reference_t<decltype(fp)>>(dlsym(lib, s));
+      ok = ok && fp != nullptr;
+    };
+    sym(create, "cublasLtCreate");
+    sym(destroy, "cublasLtDestroy");
+    sym(desc_create, "cublasLtMatmulDescCreate");
+    sym(desc_destroy, "cublasLtMatmulDescDestroy");
+    sym(desc_set, "cublasLtMatmulDescSetAttribute");
+    sym(layout_create, "cublasLtMatrixLayoutCreate");
+    sym(layout_destroy, "cublasLtMatrixLayoutDestroy");
+    sym(pref_create, "cublasLtMatmulPreferenceCreate");
+    sym(pref_destroy, "cublasLtMatmulPreferenceDestroy");
+    sym(pref_set, "cublasLtMatmulPreferenceSetAttribute");
+    sym(heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    sym(matmul, "cublasLtMatmul");
+    return ok ? "" : "cuBLASLt lacks an expected entry point";
+  }
+};
+
+// One square GEMM D[m, n] = A^T B (column-major "TN", the layout FP8 needs on Hopper) through
+// cuBLASLt; returns TFLOP/s, or 0 with `why` set when cuBLASLt declines.
+double lt_gemm_tflops(Lt& lt, int64_t dim, bool fp8, int iters, std::string& why) {
+  const int64_t m = dim, n = dim, k = dim;
+  const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  const size_t in_size = fp8 ? 1 : 2;
+  DeviceBuffer a(m * k * in_size), b(k * n * in_size), d(m * n * 2), scales(2 * sizeof(float));
+  const size_t ws_bytes = 64u << 20;
+  DeviceBuffer ws(ws_bytes);
+  random_fill(a.p, m * k, fp8, 11);
+  random_fill(b.p, k * n, fp8, 12);
+  const float ones[2] = {1.0f, 1.0f};
+  DI_CUDA_CHECK(cudaMemcpy(scales.p, ones, sizeof ones, cudaMemcpyHostToDevice));
+
+  cublasLtHandle_t h = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  double result = 0;
+  auto fail = [&](const char* what, cublasStatus_t st) {
+    why = std::string(fp8 ? "fp8" : "bf16") + " GEMM: " + what + " returned status " + std::to_string(static_cast<int>(st));
+  };
+  cublasStatus_t st = lt.create(&h);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    fail("cublasLtCreate", st);
+    return 0;
+  }
+  do {
+    if ((st = lt.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) != CUBLAS_STATUS_SUCCESS) { fail("MatmulDescCreate", st); break; }
+    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+    lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT);
+    lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN);
+    if (fp8) {
+      const float* sa = static_cast<const float*>(scales.p);
+      const float* sb = sa + 1;
+      lt.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
+      lt.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
+    }
+    lt.layout_create(&la, in_type, k, m, k);
+    lt.layout_create(&lb, in_type, k, n, k);
+    lt.layout_create(&ld, CUDA_R_16BF, m, n, m);
+    lt.pref_create(&pref);
+    lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes);
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    st = lt.heuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      fail("AlgoGetHeuristic (no algorithm)", st);
+      break;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t run_st = CUBLAS_STATUS_SUCCESS;
+    auto run = [&] {
+      cublasStatus_t s = lt.matmul(h, desc, &alpha, a.p, la, b.p, lb, &beta, d.p, ld, d.p, ld, &heur.algo, ws.p,
+                                   ws_bytes, 0);
+      if (s != CUBLAS_STATUS_SUCCESS) run_st = s;
+    };
+    const double ms = median_ms(run, 3, iters);
+    if (run_st != CUBLAS_STATUS_SUCCESS) {
+      fail("cublasLtMatmul", run_st);
+      break;
+    }
+    result = 2.0 * static_cast<double>(m) * n * k / (ms * 1e-3) / 1e12;
+  } while (false);
+  if (pref) lt.pref_destroy(pref);
+  if (la) lt.layout_destroy(la);
+  if (lb) lt.layout_destroy(lb);
+  if (ld) lt.layout_destroy(ld);
+  if (desc) lt.desc_destroy(desc);
+  lt.destroy(h);
+  DI_CUDA_CHECK(cudaDeviceSynchronize());
+  return result;
+}
+
+}  // namespace
+
+Ceilings measure_ceilings(int64_t copy_bytes, int64_t gemm_dim, int iters) {
+  Ceilings c;
+  {  // device-to-device copy: half the bytes read, half written
+    const size_t half = static_cast<size_t>(copy_bytes / 2);
+    DeviceBuffer src(half), dst(half);
+    random_fill(src.p, static_cast<int64_t>(half / 2), false, 7);
+    const double ms = median_ms([&] { DI_CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, half, cudaMemcpyDeviceToDevice, 0)); },
+                                3, iters);
+    c.copy_bytes = static_cast<int64_t>(2 * half);
+    c.copy_tb_s = static_cast<double>(c.copy_bytes) / (ms * 1e-3) / 1e12;
+  }
+  c.gemm_m = c.gemm_n = c.gemm_k = gemm_dim;
+  Lt lt;
+  std::string why = lt.load();
+  if (why.empty()) {
+    std::string w1, w2;
+    c.bf16_tflop_s = lt_gemm_tflops(lt, gemm_dim, false, iters, w1);
+    c.fp8_tflop_s = lt_gemm_tflops(lt, gemm_dim, true, iters, w2);
+    why = w1 + (w1.empty() || w2.empty() ? "" : "; ") + w2;
+  }
+  c.note = why;
+  return c;
+}
+
+}  // namespace di::device

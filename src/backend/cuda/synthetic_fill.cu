@@ -1,0 +1,54 @@
+// Synthetic weights generated in device memory (device_tools.h prepare_synthetic): the benchmark's
+// random V4.1 checkpoint (~100 GB for a GPU's worth of real-size layers) is produced at memory speed
+// by a counter-based fill kernel instead of being read from disk or staged through the host. The
+// values are exactly synthetic::fill_element's, so host- and device-filled tensors agree.
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/device_tools.h"
+
+namespace di::device {
+
+namespace {
+
+// One thread per element, grid-stride: [n_elems * spec.elem_bytes] bytes at dst.
+__global__ void synthetic_fill_kernel(uint8_t* dst, int64_t n_elems, synthetic::FillSpec spec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_elems; i += stride)
+    synthetic::fill_element(spec, static_cast<uint64_t>(i), dst + i * spec.elem_bytes);
+}
+
+void fill(uint8_t* dst, int64_t n_elems, const synthetic::FillSpec& spec) {
+  if (n_elems == 0) return;
+  const int threads = 256;
+  const int blocks = static_cast<int>(std::min<int64_t>(cuda::blocks_for(n_elems, threads), 132 * 64));
+  synthetic_fill_kernel<<<blocks, threads>>>(dst, n_elems, spec);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+int64_t prepare_synthetic(Weight& w, const synthetic::FillSpec& data, const synthetic::FillSpec* scale) {
+  // The layout CudaBackend::prepare uploads: [data bytes | scale bytes] in one allocation.
+  const int64_t data_bytes = cuda::weight_data_bytes(w);
+  int64_t scale_bytes = 0;
+  if (scale) {
+    DI_CHECK_MSG(w.scale != nullptr && w.scale_rows > 0, "synthetic weight with a scale spec but no scale tensor");
+    scale_bytes = w.scale_rows * w.scale_cols;
+  }
+  DI_CHECK(data_bytes % data.elem_bytes == 0 && (!scale || scale->elem_bytes == 1));
+  void* p = nullptr;
+  const size_t total = static_cast<size_t>(data_bytes + scale_bytes);
+  if (total > 0) {
+    cudaError_t err = cudaMalloc(&p, total);
+    if (err != cudaSuccess)
+      throw Error("GPU out of memory allocating " + std::to_string(total) + " bytes of synthetic weights: " +
+                  cudaGetErrorString(err));
+  }
+  w.device = std::shared_ptr<void>(p, [](void* q) {
+    if (q) cudaFree(q);
+  });
+  fill(static_cast<uint8_t*>(p), data_bytes / data.elem_bytes, data);
+  if (scale) fill(static_cast<uint8_t*>(p) + data_bytes, scale_bytes, *scale);
+  return static_cast<int64_t>(total);
+}
+
+}  // namespace di::device

@@ -1,0 +1,40 @@
+// Device-side helpers for tools (bench, inspect) that sit beside the Backend op contract: device
+// queries, synchronisation, synthetic weight materialisation and the hardware ceilings measured with
+// vendor libraries. Plain functions with no CUDA types, so CPU-only code can call them; without a
+// CUDA build available() is false and the others throw (synchronize() is a no-op).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "backend/tensor.h"
+#include "model/synthetic_fill.h"
+
+namespace di::device {
+
+bool available();  // this build has the CUDA backend and a device is present
+std::string name();  // "NVIDIA H200" (empty without a device)
+void synchronize();  // waits for all device work
+
+struct MemInfo {
+  int64_t free = 0, total = 0;  // bytes, cudaMemGetInfo
+};
+MemInfo mem_info();
+
+// Prepares `w` on the CUDA backend from a synthetic fill instead of host bytes: allocates the same
+// device layout as CudaBackend::prepare (data bytes, then scale bytes) and generates the values in
+// device memory. `scale` is null for weights without scales. Returns the bytes allocated.
+int64_t prepare_synthetic(Weight& w, const synthetic::FillSpec& data, const synthetic::FillSpec* scale);
+
+// Hardware ceilings, measured now (median of `iters` after warm-up).
+struct Ceilings {
+  double copy_tb_s = 0;      // device-to-device copy, bytes read + written
+  int64_t copy_bytes = 0;    // per copy (read + written)
+  double bf16_tflop_s = 0;   // cuBLASLt bf16 GEMM, fp32 accumulate
+  double fp8_tflop_s = 0;    // cuBLASLt e4m3 GEMM, per-tensor scales, fp32 accumulate, bf16 out
+  int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
+  std::string note;          // e.g. why a GEMM ceiling is missing (cuBLASLt not found)
+};
+Ceilings measure_ceilings(int64_t copy_bytes, int64_t gemm_dim, int iters);
+
+}  // namespace di::device

@@ -1,0 +1,21 @@
+// device_tools.h for builds without the CUDA backend (the CUDA build implements it in
+// src/backend/cuda/ceilings.cu and synthetic_fill.cu).
+#ifndef DEEPINFER_HAVE_CUDA
+
+#include "backend/device_tools.h"
+#include "core/error.h"
+
+namespace di::device {
+
+bool available() { return false; }
+std::string name() { return ""; }
+void synchronize() {}
+MemInfo mem_info() { throw Error("device memory: this build has no CUDA backend"); }
+int64_t prepare_synthetic(Weight&, const synthetic::FillSpec&, const synthetic::FillSpec*) {
+  throw Error("synthetic device weights: this build has no CUDA backend");
+}
+Ceilings measure_ceilings(int64_t, int64_t, int) { throw Error("device ceilings: this build has no CUDA backend"); }
+
+}  // namespace di::device
+
+#endif
