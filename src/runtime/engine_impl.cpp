@@ -1,6 +1,7 @@
 #include "runtime/engine_impl.h"
 
 #include <algorithm>
+#include <deque>
 #include <numeric>
 #include <random>
 
@@ -103,6 +104,8 @@ RequestId EngineImpl::submit(Request request) {
     r->n_prompt = static_cast<int64_t>(in.prompt.size());
     r->max_tokens = in.max_tokens;
     r->tokens = std::move(in.prompt);
+    // room for every output, and the drafts of a verify step, without reallocating (see RequestState)
+    r->tokens.reserve(static_cast<size_t>(r->n_max() + hooks_.max_drafts + 1));
     r->sampler.emplace(r->request.sampling, model_->config().vocab_size, std::span<const int32_t>(r->tokens));
     r->stop.emplace(r->request.sampling, eos_id_, r->max_tokens);
     r->detok.emplace(*tok_, /*skip_special=*/true);
@@ -188,81 +191,86 @@ std::string EngineImpl::detokenize(const std::vector<int32_t>& ids) const { retu
 // ---- engine thread ------------------------------------------------------------------------------
 
 void EngineImpl::loop() {
-  std::optional<Posted> pending;  // async: step N - 1, post-processed while step N runs
-  bool block = false;
+  const size_t depth = worker_ ? 2 : 1;  // steps in flight at most
+  std::deque<std::unique_ptr<Job>> jobs;
+  std::optional<Posted> pending;  // a committed step whose post-processing overlaps the next forward
+  bool idle = false;
   for (;;) {
     try {
-      if (drain_inbox(block && !pending)) break;
-      block = false;
+      if (drain_inbox(idle && jobs.empty() && !pending)) break;
+      idle = false;
       drop_finished();
-      if (hooks_.drafter) propose_drafts();
-      StepPlan plan = sched_->schedule([this](uint64_t id, int64_t n_known) { return probe_prefix(id, n_known); });
-      for (uint64_t id : plan.preempted) {
-        RequestState& r = *live_.at(id);
-        r.seq.reset();
-        r.phase = RequestPhase::kWaiting;
-        r.keep_global_before = 0;
-        r.n_blocks_done = 0;
-        r.drafts.clear();
-      }
-      // set up the caches of the requests admitted this step (prefix hits restored here)
-      std::vector<StepEntry> kept;
-      for (const StepEntry& e : plan.entries) {
-        RequestState& r = *live_.at(e.id);
-        if (e.admitted) {
-          try {
-            start_request(r, e);
-          } catch (const std::exception& ex) {
-            fail(r, std::string("setting up the request's caches: ") + ex.what());
-            continue;
-          }
+      bool queued = false;
+      if (jobs.size() < depth) {
+        if (hooks_.drafter) propose_drafts();
+        StepPlan plan = sched_->schedule([this](uint64_t id, int64_t n_known) { return probe_prefix(id, n_known); });
+        for (uint64_t id : plan.preempted) {
+          RequestState& r = *live_.at(id);
+          r.phase = RequestPhase::kWaiting;
+          r.pending_hit.reset();
+          r.drafts.clear();
+          release_caches(r);  // now, or when its step in flight is committed
         }
-        kept.push_back(e);
+        if (!plan.empty()) {
+          jobs.push_back(build_job(std::move(plan)));
+          Job* job = jobs.back().get();
+          if (worker_)
+            job->ticket = worker_->enqueue([this, job] {
+              if (step_failed_) {
+                job->out.error = "an earlier step failed";
+                return;
+              }
+              job->out = run_step(*model_, job->tasks, opt_.prefix_block_tokens);
+              if (!job->out.error.empty()) step_failed_ = true;
+            });
+          queued = true;
+        }
       }
-      plan.entries = std::move(kept);
-      if (plan.empty()) {
+      if (jobs.empty()) {
         if (pending) post_process(*pending);
         pending.reset();
         last_step_end_.reset();
-        block = sched_->n_running() == 0;  // nothing can run until something arrives
+        idle = true;
         publish_stats();
         continue;
       }
-
-      std::vector<StepTask> tasks = build_tasks(plan);
-      for (const StepEntry& e : plan.entries) live_.at(e.id)->in_flight = true;
-      StepOutput out;
-      if (worker_) {
-        worker_->launch([&] { out = run_step(*model_, tasks, opt_.prefix_block_tokens); });
-        if (pending) post_process(*pending);
+      if (pending) {  // overlaps the forward of the steps in flight
+        post_process(*pending);
         pending.reset();
-        worker_->wait();
-      } else {
-        out = run_step(*model_, tasks, opt_.prefix_block_tokens);
       }
-      for (const StepEntry& e : plan.entries) live_.at(e.id)->in_flight = false;
+      if (queued && jobs.size() < depth) continue;  // queue the next step before waiting for this one
+      Job& job = *jobs.front();
+      if (worker_) worker_->wait(job.ticket);
+      else job.out = run_step(*model_, job.tasks, opt_.prefix_block_tokens);
       if (last_step_end_) {
-        st_.host_gap_seconds += std::chrono::duration<double>(out.begin - *last_step_end_).count();
+        st_.host_gap_seconds += std::chrono::duration<double>(job.out.begin - *last_step_end_).count();
         ++st_.host_gaps;
       }
-      last_step_end_ = out.end;
+      last_step_end_ = job.out.end;
       ++st_.steps;
-      st_.busy_seconds += out.forward_seconds;
-      Posted p = commit(plan, tasks, out);
+      st_.busy_seconds += job.out.forward_seconds;
+      Posted p = commit(job);
+      jobs.pop_front();
+      if (jobs.empty()) step_failed_ = false;
       if (worker_) pending = std::move(p);
       else post_process(p);
       publish_stats();
     } catch (const std::exception& ex) {
       // a bug of ours: fail what is live rather than take the process down
-      if (worker_) worker_->wait();
+      for (auto& j : jobs)
+        if (worker_) worker_->wait(j->ticket);
+      jobs.clear();
       pending.reset();
       for (auto& [id, r] : live_) {
-        r->in_flight = false;
+        r->in_flight = 0;
         fail(*r, std::string("engine error: ") + ex.what());
       }
       drop_finished();
     }
   }
+  for (auto& j : jobs)
+    if (worker_) worker_->wait(j->ticket);
+  for (auto& [id, r] : live_) r->in_flight = 0;
   if (pending) post_process(*pending);
   for (auto& [id, r] : live_) end_request(*r, "cancelled");
   live_.clear();
@@ -314,8 +322,9 @@ void EngineImpl::admit_new(std::unique_ptr<RequestState> r) {
 void EngineImpl::propose_drafts() {
   const int64_t window = model_->config().window;
   for (auto& [id, r] : live_) {
-    if (r->phase != RequestPhase::kRunning || !sched_->is_running(id)) continue;
+    if (r->phase != RequestPhase::kRunning || r->in_flight > 0 || !sched_->is_running(id)) continue;
     if (sched_->n_computed(id) != sched_->n_known(id) - 1) continue;  // not decoding
+    // a verify step feeds 1 + drafts tokens (at most a window: the rollback keeps a window of rows)
     int64_t room = std::min({hooks_.max_drafts, r->n_max() - sched_->n_known(id), window - 1});
     r->drafts.clear();
     if (room <= 0) continue;
@@ -329,17 +338,19 @@ void EngineImpl::propose_drafts() {
 }
 
 int64_t EngineImpl::probe_prefix(RequestId id, int64_t n_known) {
-  if (opt_.prefix_cache == PrefixCacheMode::kOff) return 0;
   RequestState& r = *live_.at(id);
   r.pending_hit.reset();
+  // a request preempted while its step is in flight gets fresh caches only once that step is over
+  if (opt_.prefix_cache == PrefixCacheMode::kOff || r.in_flight > 0) return 0;
   st_.prefix_lookup_tokens += n_known;
-  const bool exact = opt_.prefix_cache == PrefixCacheMode::kExact;
   auto has_local = [](const PrefixCache::Payload& p) { return static_cast<const CachedBlock&>(p).local != nullptr; };
-  PrefixCache::Hit hit = exact ? cache_->lookup(r.tokens, n_known - 1, has_local) : cache_->lookup(r.tokens, n_known - 1);
+  const int64_t final_tokens = r.n_prompt + r.n_committed;  // a lookup reads no placeholder
+  const int64_t limit = std::min(n_known - 1, final_tokens);
+  PrefixCache::Hit hit = exact() ? cache_->lookup(r.tokens, limit, has_local) : cache_->lookup(r.tokens, limit);
   const int64_t h = hit.n_tokens, window = model_->config().window;
   if (h == 0) return 0;
   int64_t start = h;
-  if (!exact) {
+  if (!exact()) {
     if (h <= window) return 0;  // the replay would cost as much as the hit saves
     start = (h - window) / replay_align_ * replay_align_;
   }
@@ -348,32 +359,9 @@ int64_t EngineImpl::probe_prefix(RequestId id, int64_t n_known) {
   return start;
 }
 
-void EngineImpl::start_request(RequestState& r, const StepEntry& e) {
-  r.keep_global_before = 0;
-  r.n_blocks_done = 0;
-  if (r.pending_hit && r.pending_start == e.begin) {
-    const PrefixCache::Hit& hit = *r.pending_hit;
-    if (opt_.prefix_cache == PrefixCacheMode::kExact) {
-      r.seq = std::make_unique<SequenceState>(restore_exact(*model_, hit, r.tokens));
-    } else {
-      r.seq = std::make_unique<SequenceState>(restore_replay(*model_, hit, r.tokens, r.pending_start));
-      r.keep_global_before = hit.n_tokens;
-    }
-    r.n_blocks_done = hit.n_tokens / opt_.prefix_block_tokens;
-    if (r.n_output() == 0) r.cached_tokens = r.pending_start;
-    st_.prefix_hit_tokens += r.pending_start;
-    st_.prefix_replay_tokens += hit.n_tokens - r.pending_start;
-  } else {
-    DI_CHECK(e.begin == 0);
-    r.seq = std::make_unique<SequenceState>(model_->new_sequence());
-  }
-  r.pending_hit.reset();
-  DI_CHECK(r.seq->n_tokens == e.begin);
-  r.phase = RequestPhase::kRunning;
-}
-
 uint64_t EngineImpl::block_key(RequestState& r, int64_t block) {
   const int64_t bt = opt_.prefix_block_tokens;
+  DI_CHECK((block + 1) * bt <= r.n_prompt + r.n_committed);  // final ids only
   while (static_cast<int64_t>(r.block_keys.size()) <= block) {
     int64_t j = static_cast<int64_t>(r.block_keys.size());
     uint64_t parent = j == 0 ? 0 : r.block_keys.back();
@@ -382,98 +370,152 @@ uint64_t EngineImpl::block_key(RequestState& r, int64_t block) {
   return r.block_keys[block];
 }
 
-std::vector<StepTask> EngineImpl::build_tasks(const StepPlan& plan) {
+std::unique_ptr<EngineImpl::Job> EngineImpl::build_job(StepPlan plan) {
+  auto job = std::make_unique<Job>();
   const int64_t bt = opt_.prefix_block_tokens;
-  const bool exact = opt_.prefix_cache == PrefixCacheMode::kExact;
-  std::vector<StepTask> tasks;
   for (const StepEntry& e : plan.entries) {
     RequestState& r = *live_.at(e.id);
     StepTask t;
     t.id = e.id;
-    t.state = r.seq.get();
-    const int64_t n_real = e.n - e.n_draft;
-    t.ids.assign(r.tokens.begin() + e.begin, r.tokens.begin() + e.begin + n_real);
+    t.caches = &r.seq;
+    if (e.admitted) {
+      DI_CHECK(r.in_flight == 0);
+      t.create = true;
+      r.keep_global_before = 0;
+      r.n_blocks_done = 0;
+      if (r.pending_hit && r.pending_start == e.begin) {
+        const int64_t h = r.pending_hit->n_tokens;
+        t.exact_hit = exact();
+        t.hit_start = r.pending_start;
+        t.hit = std::move(r.pending_hit);
+        if (!exact()) r.keep_global_before = h;
+        r.n_blocks_done = h / bt;
+        if (r.n_committed == 0) r.cached_tokens = t.hit_start;
+        st_.prefix_hit_tokens += t.hit_start;
+        st_.prefix_replay_tokens += h - t.hit_start;
+      } else {
+        DI_CHECK(e.begin == 0);
+      }
+      r.pending_hit.reset();
+      r.phase = RequestPhase::kRunning;
+    }
+    t.tokens = &r.tokens;
+    t.begin = e.begin;
+    t.n = e.n - e.n_draft;
     if (e.n_draft > 0) {
-      DI_CHECK(static_cast<int64_t>(r.drafts.size()) >= e.n_draft);
-      t.ids.insert(t.ids.end(), r.drafts.begin(), r.drafts.begin() + e.n_draft);
-      t.n_draft = e.n_draft;
+      DI_CHECK(static_cast<int64_t>(r.drafts.size()) >= e.n_draft && t.n == 1);
+      t.drafts.assign(r.drafts.begin(), r.drafts.begin() + e.n_draft);
       st_.draft_tokens += e.n_draft;
     }
     if (e.begin < r.keep_global_before) t.options.keep_global_before = r.keep_global_before;
     t.options.decoder_window_only = opt_.decoder_replay && e.n_draft == 0 && e.n > 1;
     t.sample = e.sample;
     t.sampler = &*r.sampler;
-    t.tokens = &r.tokens;
     t.n_prompt = r.n_prompt;
     t.mask = &r.request.logit_mask;
     if (opt_.prefix_cache != PrefixCacheMode::kOff) {
-      // skip blocks another request already cached (with its snapshot, if this step would take one)
-      const int64_t end = e.begin + n_real;
-      while (r.n_blocks_done < end / bt) {
+      // skip blocks another request already cached (with a snapshot where this step would take one);
+      // only blocks of final ids can be checked here
+      const int64_t end = e.begin + t.n, final_tokens = r.n_prompt + r.n_committed;
+      while (r.n_blocks_done < end / bt && (r.n_blocks_done + 1) * bt <= final_tokens) {
         const auto* p = static_cast<const CachedBlock*>(cache_->find(block_key(r, r.n_blocks_done)));
-        bool needs_local = exact && (r.n_blocks_done + 1) * bt == end;
+        bool needs_local = exact() && (r.n_blocks_done + 1) * bt == end;
         if (!p || (needs_local && !p->local)) break;
         ++r.n_blocks_done;
       }
       t.capture_from = r.n_blocks_done;
-      t.capture_local = exact;
+      t.capture_local = exact();
     }
-    tasks.push_back(std::move(t));
+    // what this step will sample is not known until it is over: a placeholder the worker fills, so
+    // the next step can be scheduled now; or, when drafts are verified (or may be proposed next) and
+    // for the last token the request may have, nothing more is scheduled until the step is committed
+    if (e.sample) {
+      if (e.n_draft == 0 && !hooks_.drafter) {
+        t.fill = true;
+        r.tokens.push_back(-1);
+        sched_->append(e.id, 1);
+        if (r.n_output() >= r.max_tokens) sched_->hold(e.id);
+      } else {
+        sched_->hold(e.id);
+      }
+    }
+    ++r.in_flight;
+    job->tasks.push_back(std::move(t));
   }
-  return tasks;
+  job->plan = std::move(plan);
+  return job;
 }
 
-EngineImpl::Posted EngineImpl::commit(const StepPlan& plan, const std::vector<StepTask>& tasks, StepOutput& out) {
+void EngineImpl::release_caches(RequestState& r) {
+  if (r.in_flight == 0) r.seq.reset();
+}
+
+EngineImpl::Posted EngineImpl::commit(Job& job) {
   Posted p;
-  if (!out.error.empty()) {
-    for (const StepTask& t : tasks) {
-      RequestState& r = *live_.at(t.id);
-      r.seq.reset();  // possibly half-written
-      if (r.phase == RequestPhase::kRunning) fail(r, "step failed: " + out.error);
-    }
-    return p;
-  }
+  const StepPlan& plan = job.plan;
+  StepOutput& out = job.out;
   for (size_t i = 0; i < plan.entries.size(); ++i) {
     const StepEntry& e = plan.entries[i];
     RequestState& r = *live_.at(e.id);
-    StepTaskResult& res = out.results[i];
-    if (r.phase != RequestPhase::kRunning) {  // ended while the step ran: its work is discarded
-      st_.discarded_tokens += static_cast<int64_t>(res.sampled.size());
-      r.seq.reset();
+    --r.in_flight;
+    if (!out.error.empty()) {
+      if (r.phase == RequestPhase::kRunning || r.phase == RequestPhase::kWaiting) fail(r, "step failed: " + out.error);
+      release_caches(r);  // possibly half-written
       continue;
     }
-    if (!res.captured.empty()) {
+    StepTaskResult& res = out.results[i];
+    // preempted while the step ran: the token it sampled from its (still valid) caches stands, and it
+    // recomputes from there; finished or cancelled: the step's work is discarded
+    const bool preempted = r.phase == RequestPhase::kWaiting;
+    if (!preempted && r.phase != RequestPhase::kRunning) {
+      st_.discarded_tokens += static_cast<int64_t>(res.sampled.size());
+      release_caches(r);
+      continue;
+    }
+    if (preempted) {
+      DI_CHECK(!e.sample || job.tasks[i].fill);  // held requests are not preempted
+      release_caches(r);
+    } else if (!res.captured.empty()) {
       r.n_blocks_done = res.first_block + static_cast<int64_t>(res.captured.size());
       p.captures.push_back({e.id, res.first_block, std::move(res.captured)});
     }
-    if (e.n_draft > 0) {
-      st_.accepted_draft_tokens += static_cast<int64_t>(res.sampled.size()) - 1;
-      sched_->rollback(e.id, e.begin + static_cast<int64_t>(res.sampled.size()));
-      r.drafts.clear();
-    }
-    DI_CHECK(res.n_tokens_after == sched_->n_computed(e.id));
-    bool posted = false;
+    if (!e.sample) continue;
     const SamplingParams& sp = r.request.sampling;
+    if (!job.tasks[i].fill) {
+      // held (a verify step, or a drafter in use): its tokens are appended now that they are known
+      const int64_t keep = static_cast<int64_t>(res.sampled.size());  // the fed token + accepted drafts
+      st_.accepted_draft_tokens += keep - 1;
+      if (e.n_draft > 0) sched_->rollback(e.id, e.begin + keep);
+      sched_->hold(e.id, false);
+      r.drafts.clear();
+      DI_CHECK(res.n_tokens_after == e.begin + e.n - e.n_draft + keep - 1);
+      for (const SampledToken& s : res.sampled) {
+        if (r.n_output() >= r.max_tokens) break;
+        r.tokens.push_back(s.id);
+        sched_->append(e.id, 1);
+      }
+    } else {
+      DI_CHECK(r.tokens[e.begin + e.n] == res.sampled[0].id);
+    }
     for (const SampledToken& s : res.sampled) {
-      r.tokens.push_back(s.id);
-      sched_->append(e.id, 1);
+      if (r.n_committed >= r.n_output()) break;  // verify tokens past max_tokens
+      ++r.n_committed;
       ++st_.generated_tokens;
-      posted = true;
       if (sp.logprobs >= 0) {
         r.logprobs.push_back(s.logprob);
         std::vector<TokenLogprob> top;
         for (const TopLogprob& t : s.top) top.push_back({t.id, t.logprob});
         r.top_logprobs.push_back(std::move(top));
       }
-      if (r.n_output() >= r.max_tokens || is_stop_id(sp, eos_id_, s.id)) {
+      if (r.n_committed >= r.max_tokens || is_stop_id(sp, eos_id_, s.id)) {
         // finished by id or length: free its KV now; the final event comes from post-processing
         r.phase = RequestPhase::kStopping;
         sched_->remove(e.id);
-        r.seq.reset();
+        release_caches(r);
         break;
       }
     }
-    if (posted) p.ids.push_back(e.id);
+    p.ids.push_back(e.id);
   }
   return p;
 }
@@ -488,7 +530,7 @@ void EngineImpl::post_process(const Posted& p) {
     ev.id = id;
     const bool want_logprobs = r.request.sampling.logprobs >= 0;
     bool done = false;
-    while (r.n_posted < r.n_output() && !done) {
+    while (r.n_posted < r.n_committed && !done) {
       int32_t tok = r.tokens[r.n_prompt + r.n_posted];
       StopStep step = r.stop->push(tok, r.detok->push(tok));
       ev.token_ids.push_back(tok);
@@ -518,7 +560,7 @@ void EngineImpl::insert_blocks(RequestState& r, const Capture& c) {
   const int64_t bt = opt_.prefix_block_tokens;
   for (size_t k = 0; k < c.blocks.size(); ++k) {
     const int64_t j = c.first_block + static_cast<int64_t>(k);
-    if (static_cast<int64_t>(r.tokens.size()) < (j + 1) * bt) break;
+    if (r.n_prompt + r.n_committed < (j + 1) * bt) break;
     const CachedBlock& blk = *c.blocks[k];
     uint64_t key = block_key(r, j);
     const auto* old = static_cast<const CachedBlock*>(cache_->find(key));
@@ -547,14 +589,15 @@ void EngineImpl::end_request(RequestState& r, const std::string& reason, const s
   if (reason == "error") ++st_.requests_failed;
   else if (reason == "cancelled") ++st_.requests_cancelled;
   else ++st_.requests_finished;
-  if (!r.in_flight) r.seq.reset();
   r.phase = RequestPhase::kFinished;
+  release_caches(r);
+  publish_stats();  // before the waiter wakes, so its stats() counts this request
   if (r.channel) r.channel->finish(std::move(res), std::move(last));
 }
 
 void EngineImpl::drop_finished() {
   for (auto it = live_.begin(); it != live_.end();) {
-    if (it->second->phase == RequestPhase::kFinished && !it->second->in_flight) it = live_.erase(it);
+    if (it->second->phase == RequestPhase::kFinished && it->second->in_flight == 0) it = live_.erase(it);
     else ++it;
   }
   n_live_ = static_cast<int64_t>(live_.size());

@@ -3,12 +3,17 @@
 // travel back through per-request channels.
 //
 // One iteration of the engine thread:
-//   inbox (new requests, cancels) -> drafts -> schedule (admission with prefix lookup, chunking,
-//   preemption) -> restore prefix hits -> run step N -> commit N (append sampled ids; finish on stop
-//   ids / length) -> post-process N (detokenize, stop strings, events, logprobs, prefix-cache inserts).
-// With async scheduling the forward of step N runs on a worker while the engine thread post-processes
-// step N - 1; a request that post-processing finishes (a stop string) may then have run in step N:
-// that work is discarded (its caches are dropped with it).
+//   inbox (new requests, cancels) -> drafts -> schedule step N (admission with prefix lookup,
+//   chunking, preemption) -> queue step N -> post-process step N - 2 (detokenize, stop strings,
+//   events, prefix-cache inserts) -> wait for step N - 1 -> commit it (sampled ids become final;
+//   finish on stop ids / length).
+// Without async scheduling a step is scheduled, run on the engine thread, committed and
+// post-processed in turn. With it, steps run on a worker and step N is scheduled and queued while
+// step N - 1 runs: each token step N - 1 will sample is a placeholder the worker fills before step N
+// feeds it, so the worker goes from one forward to the next at once. A request that turns out to
+// have finished (a stop id at commit, a stop string at post-processing) may by then be in the next
+// step or two: that work is discarded and its caches dropped. A request whose next tokens are not
+// known yet (a verify step in flight, or its last token being sampled) is held out of scheduling.
 #pragma once
 
 #include <atomic>
@@ -69,19 +74,26 @@ class EngineImpl final : public Engine {
     std::vector<RequestId> ids;
     std::vector<Capture> captures;
   };
+  struct Job {
+    StepPlan plan;
+    std::vector<StepTask> tasks;
+    StepOutput out;
+    uint64_t ticket = 0;  // on the worker
+  };
 
   void loop();
   bool drain_inbox(bool block);
   void admit_new(std::unique_ptr<RequestState> r);
   void propose_drafts();
   int64_t probe_prefix(RequestId id, int64_t n_known);
-  void start_request(RequestState& r, const StepEntry& e);
-  std::vector<StepTask> build_tasks(const StepPlan& plan);
-  Posted commit(const StepPlan& plan, const std::vector<StepTask>& tasks, StepOutput& out);
+  std::unique_ptr<Job> build_job(StepPlan plan);
+  Posted commit(Job& job);
+  void release_caches(RequestState& r);
   void post_process(const Posted& p);
   void insert_blocks(RequestState& r, const Capture& c);
   void end_request(RequestState& r, const std::string& reason, const std::string& error = {}, TokenEvent last = {});
   void fail(RequestState& r, const std::string& error) { end_request(r, "error", error); }
+  bool exact() const { return opt_.prefix_cache == PrefixCacheMode::kExact; }
   void drop_finished();
   void publish_stats();
   uint64_t block_key(RequestState& r, int64_t block);
@@ -101,6 +113,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<PrefixCache> cache_;
   std::unordered_map<RequestId, std::unique_ptr<RequestState>> live_;
   std::unique_ptr<StepWorker> worker_;
+  std::atomic<bool> step_failed_{false};  // a failed step poisons the step queued after it
   EngineStats st_;  // the engine thread's copy
   std::optional<std::chrono::steady_clock::time_point> last_step_end_;
 

@@ -1,6 +1,7 @@
 // Everything the engine thread keeps about one request, from submission to its final event. Only the
-// engine thread touches it, except during a step: the step worker then reads `tokens`, uses `sampler`
-// and writes `seq` of the requests in the step (see step_runner.h).
+// engine thread touches it, except while steps that include it are queued or running: the step worker
+// then reads `tokens` and fills the placeholders of the tokens it samples, uses `sampler` and writes
+// `seq` (see step_runner.h); the engine thread leaves `seq` alone and only appends to `tokens`.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,10 @@ enum class RequestPhase {
 struct RequestState {
   RequestId id = 0;
   Request request;                  // sampling.seed resolved
-  std::vector<int32_t> tokens;      // prompt + committed outputs
+  // prompt + outputs; the outputs of steps still in flight are placeholders (-1) until the worker
+  // samples them. Reserved for the longest it can get, so appending never moves it.
+  std::vector<int32_t> tokens;
+  int64_t n_committed = 0;          // outputs whose step is over (their ids are final)
   int64_t n_prompt = 0;
   int64_t max_tokens = 0;           // generation cap (sampling.max_tokens capped by the context)
   std::optional<RequestSampler> sampler;
@@ -38,9 +42,9 @@ struct RequestState {
   std::optional<Detokenizer> detok;
   std::shared_ptr<RequestChannel> channel;
   RequestPhase phase = RequestPhase::kWaiting;
-  bool in_flight = false;           // its caches are in the step being run
+  int in_flight = 0;                // queued or running steps that include it
 
-  std::unique_ptr<SequenceState> seq;  // its caches while running
+  std::unique_ptr<SequenceState> seq;  // its caches while running (created by its first step)
   int64_t keep_global_before = 0;   // replay hit end: chunks below it keep the cached global rows
 
   // prefix cache
@@ -56,7 +60,7 @@ struct RequestState {
   std::vector<std::vector<TokenLogprob>> top_logprobs;
   std::vector<int32_t> drafts;      // proposed for its next verify step
 
-  int64_t n_output() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
+  int64_t n_output() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }  // placeholders included
   int64_t n_max() const { return n_prompt + max_tokens; }
 };
 

@@ -73,12 +73,14 @@ bool Scheduler::is_running(uint64_t id) const {
 
 int64_t Scheduler::chunk_size(const Req& r, int64_t budget) const {
   int64_t n = std::min(r.n_known - r.n_computed, budget);
-  if (opt_.align_tokens > 0 && n > 1) {
-    int64_t end = r.n_computed + n, boundary = end / opt_.align_tokens * opt_.align_tokens;
-    if (boundary > r.n_computed && boundary < end) n = boundary - r.n_computed;
+  if (opt_.align_tokens > 0) {
+    int64_t boundary = (r.n_computed / opt_.align_tokens + 1) * opt_.align_tokens;
+    n = std::min(n, boundary - r.n_computed);
   }
   return n;
 }
+
+void Scheduler::hold(uint64_t id, bool held) { reqs_.at(id).held = held; }
 
 void Scheduler::enqueue_waiting(uint64_t id) {
   uint64_t arrival = reqs_.at(id).arrival;
@@ -91,6 +93,7 @@ void Scheduler::preempt(uint64_t id, StepPlan& plan) {
   kv_.release(id);
   running_.erase(std::find(running_.begin(), running_.end(), id));
   r.running = false;
+  r.held = false;
   r.n_computed = 0;
   r.n_draft = 0;
   enqueue_waiting(id);
@@ -106,7 +109,7 @@ StepPlan Scheduler::schedule(const PrefixProbe& probe) {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     uint64_t id = running_[i];
     Req& r = reqs_.at(id);
-    int64_t n = chunk_size(r, budget), n_draft = 0;
+    int64_t n = r.held ? 0 : chunk_size(r, budget), n_draft = 0;
     if (n == 0) {
       ++i;
       continue;
@@ -115,12 +118,13 @@ StepPlan Scheduler::schedule(const PrefixProbe& probe) {
     int64_t need = r.n_computed + n + n_draft;
     bool self = false;
     while (!kv_.can_grow(id, need)) {
-      uint64_t victim = running_.back();
+      auto newest = std::find_if(running_.rbegin(), running_.rend(), [&](uint64_t v) { return !reqs_.at(v).held; });
+      uint64_t victim = *newest;  // `id` itself is not held, so there is one
       self = victim == id;
       preempt(victim, plan);
       if (self) break;
     }
-    if (self) continue;  // it was the newest: running_ ended at i
+    if (self) continue;  // running_[i] is now the request after it
     kv_.grow(id, need);
     StepEntry e;
     e.id = id;

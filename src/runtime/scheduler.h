@@ -16,6 +16,8 @@
 //  2. waiting requests in arrival order are admitted while the budget, max_running and the KV
 //     capacity (pages for all their known tokens) allow; the first that does not fit stops admission
 //     (no overtaking) and nothing is admitted in a step that preempted.
+// A held request (its next tokens are not known yet: a verify step in flight, or its last token is
+// being sampled) keeps its KV but is not scheduled, and is never chosen for preemption.
 // Requests that could never fit the capacity (even alone, at their largest size) are refused by add().
 #pragma once
 
@@ -33,8 +35,8 @@ namespace di {
 struct SchedulerOptions {
   int64_t max_step_tokens = 2048;  // token budget of one step
   int max_running = 64;            // requests holding KV at once
-  // > 0: a prefill chunk that crosses a multiple of align_tokens ends on the last one it crosses, so
-  // the request's caches pass through every block end (exact prefix caching snapshots them there).
+  // > 0: a prefill chunk ends at the first multiple of align_tokens after its start, so the request's
+  // caches stop at every block end (exact prefix caching snapshots its local state there).
   int64_t align_tokens = 0;
 };
 
@@ -71,6 +73,8 @@ class Scheduler {
   // After a verify step: only n_computed positions stay in the caches (the rejected drafts' rows are
   // rolled back); pages beyond them are returned.
   void rollback(uint64_t id, int64_t n_computed);
+  // Holds / releases a request (see above).
+  void hold(uint64_t id, bool held = true);
 
   // Called when a waiting request is about to be admitted: how many of its tokens are already
   // available (a prefix-cache hit), at most n_known - 1. Empty: none.
@@ -90,7 +94,7 @@ class Scheduler {
   struct Req {
     uint64_t arrival = 0;  // order of add(); the waiting queue is kept in this order
     int64_t n_known = 0, n_computed = 0, n_max = 0, n_draft = 0;
-    bool running = false;
+    bool running = false, held = false;
   };
   int64_t chunk_size(const Req& r, int64_t budget) const;
   void preempt(uint64_t id, StepPlan& plan);

@@ -1,15 +1,9 @@
 #include "runtime/step_runner.h"
 
-#include <chrono>
-
 #include "core/error.h"
 
 namespace di {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Samples output token number output.size() from one logits row, applying the request's mask hook.
 SampledToken sample_row(const StepTask& t, std::span<const float> row, std::span<const int32_t> output,
@@ -26,64 +20,75 @@ SampledToken sample_row(const StepTask& t, std::span<const float> row, std::span
 
 StepOutput run_step(Model& model, std::vector<StepTask>& tasks, int64_t block_tokens) {
   StepOutput out;
-  auto t0 = std::chrono::steady_clock::now();
-  out.begin = t0;
+  out.begin = std::chrono::steady_clock::now();
   Backend& backend = model.backend();
   const int64_t vocab = model.config().vocab_size;
   try {
-    // checkpoints of verify steps, so they can be rolled back to their accepted prefix
-    std::vector<StateCheckpoint> checkpoints(tasks.size());
+    std::vector<StateCheckpoint> checkpoints(tasks.size());  // verify steps roll back to their accepted prefix
     std::vector<BatchEntry> batch(tasks.size());
     for (size_t i = 0; i < tasks.size(); ++i) {
       StepTask& t = tasks[i];
-      if (t.n_draft > 0) {
-        t.options.all_logits = true;
-        checkpoints[i] = checkpoint_state(*t.state, static_cast<int64_t>(t.ids.size()), backend);
+      if (t.create) {
+        SequenceState s = !t.hit                ? model.new_sequence()
+                          : t.exact_hit         ? restore_exact(model, *t.hit, *t.tokens)
+                                                : restore_replay(model, *t.hit, *t.tokens, t.hit_start);
+        *t.caches = std::make_unique<SequenceState>(std::move(s));
+        t.hit.reset();
       }
-      batch[i].state = t.state;
-      batch[i].ids = t.ids;
+      SequenceState& state = **t.caches;
+      DI_CHECK(state.n_tokens == t.begin);
+      batch[i].state = &state;
+      batch[i].ids.assign(t.tokens->begin() + t.begin, t.tokens->begin() + t.begin + t.n);
+      batch[i].ids.insert(batch[i].ids.end(), t.drafts.begin(), t.drafts.end());
       batch[i].options = t.options;
+      if (!t.drafts.empty()) {
+        batch[i].options.all_logits = true;
+        checkpoints[i] = checkpoint_state(state, static_cast<int64_t>(batch[i].ids.size()), backend);
+      }
     }
     std::vector<ForwardResult> fwd = model.forward_batch(batch);
-    out.forward_seconds = seconds_since(t0);
+    out.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - out.begin).count();
 
     out.results.resize(tasks.size());
     std::vector<uint32_t> mask_buf;
     for (size_t i = 0; i < tasks.size(); ++i) {
       StepTask& t = tasks[i];
       StepTaskResult& r = out.results[i];
+      SequenceState& state = **t.caches;
       const std::vector<float>& logits = fwd[i].logits;
-      if (t.sample && t.n_draft == 0) {
+      const int32_t* toks = t.tokens->data();
+      if (t.sample && t.drafts.empty()) {
+        const int64_t pos = t.begin + t.n;  // the position of the token sampled here
         std::span<const float> last(logits.data() + logits.size() - vocab, static_cast<size_t>(vocab));
-        std::span<const int32_t> output(t.tokens->data() + t.n_prompt, t.tokens->size() - t.n_prompt);
-        r.sampled.push_back(sample_row(t, last, output, mask_buf));
-      } else if (t.n_draft > 0) {
-        // rows 0..n_draft: row k predicts the token after ids[k]; draft ids[k + 1] is accepted when the
-        // sampled token equals it (the draw is the one a plain decode would make: same seed, same index)
-        const int64_t n_rows = static_cast<int64_t>(t.ids.size());
-        DI_CHECK(static_cast<int64_t>(logits.size()) == n_rows * vocab);
-        std::vector<int32_t> output(t.tokens->begin() + t.n_prompt, t.tokens->end());
+        r.sampled.push_back(sample_row(t, last, std::span<const int32_t>(toks + t.n_prompt, pos - t.n_prompt), mask_buf));
+        if (t.fill) (*t.tokens)[pos] = r.sampled.back().id;
+      } else if (t.sample) {
+        // rows 0..drafts: row k predicts the token after the k-th fed token; draft k is accepted when
+        // the sampler, drawing as a plain decode would (same seed, same output index), picks it
+        const int64_t n_rows = static_cast<int64_t>(batch[i].ids.size());
+        DI_CHECK(t.n == 1 && static_cast<int64_t>(logits.size()) == n_rows * vocab);
+        std::vector<int32_t> output(toks + t.n_prompt, toks + t.begin + 1);
         for (int64_t k = 0; k < n_rows; ++k) {
           std::span<const float> row(logits.data() + k * vocab, static_cast<size_t>(vocab));
           SampledToken s = sample_row(t, row, output, mask_buf);
           output.push_back(s.id);
           r.sampled.push_back(std::move(s));
-          if (k + 1 == n_rows || r.sampled.back().id != t.ids[k + 1]) break;
+          if (k + 1 == n_rows || r.sampled.back().id != t.drafts[k]) break;
         }
-        int64_t keep = static_cast<int64_t>(r.sampled.size());  // the pending token + accepted drafts
-        if (keep < n_rows) rollback_state(*t.state, checkpoints[i], keep, backend);
+        int64_t keep = static_cast<int64_t>(r.sampled.size());  // the fed token + accepted drafts
+        if (keep < n_rows) rollback_state(state, checkpoints[i], keep, backend);
       }
-      r.n_tokens_after = t.state->n_tokens;
+      r.n_tokens_after = state.n_tokens;
       if (t.capture_from >= 0) {
-        const int64_t n_blocks = t.state->n_tokens / block_tokens;
+        const int64_t n_blocks = state.n_tokens / block_tokens;
         r.first_block = t.capture_from;
         for (int64_t b = t.capture_from; b < n_blocks; ++b) {
           auto blk = std::make_shared<CachedBlock>();
-          blk->rows = read_global_rows(*t.state, b * block_tokens, (b + 1) * block_tokens, backend);
+          blk->rows = read_global_rows(state, b * block_tokens, (b + 1) * block_tokens, backend);
           r.captured.push_back(std::move(blk));
         }
-        if (t.capture_local && !r.captured.empty() && t.state->n_tokens % block_tokens == 0)
-          r.captured.back()->local = capture_local(*t.state, backend);
+        if (t.capture_local && !r.captured.empty() && state.n_tokens % block_tokens == 0)
+          r.captured.back()->local = capture_local(state, backend);
       }
     }
   } catch (const std::exception& e) {
@@ -91,7 +96,6 @@ StepOutput run_step(Model& model, std::vector<StepTask>& tasks, int64_t block_to
     out.error = e.what();
   }
   out.end = std::chrono::steady_clock::now();
-  out.seconds = std::chrono::duration<double>(out.end - t0).count();
   return out;
 }
 

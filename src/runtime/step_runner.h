@@ -1,14 +1,19 @@
-// One step's work on the model: the batched forward of every scheduled chunk, then per request the
+// One step's work on the model: set up the caches of newly admitted requests (fresh, or restored
+// from a prefix-cache hit), the batched forward of every scheduled chunk, then per request the
 // sampling of its next token (or the verification of its draft tokens, rolling its caches back to
-// the accepted prefix) and the capture of completed blocks for the prefix cache. Runs on the step
-// worker (async scheduling) or on the engine thread; it touches only the states, samplers and token
-// lists its job names, which the engine thread leaves alone until the step is over.
+// the accepted prefix) and the capture of completed blocks for the prefix cache.
+//
+// Runs on the step worker (async scheduling) or on the engine thread. It reads the token lists and
+// writes the caches of the requests in the step; the engine thread leaves those caches alone until
+// the step is over and only appends to the token lists (their storage is reserved up front, so it
+// never moves). A sampled token is written into its placeholder in the token list right away, so the
+// next step -- already queued -- feeds it.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <span>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,17 +26,23 @@ namespace di {
 
 struct StepTask {
   RequestId id = 0;
-  SequenceState* state = nullptr;
-  std::vector<int32_t> ids;  // the chunk: positions state->n_tokens..; for a verify step the pending token + drafts
+  std::unique_ptr<SequenceState>* caches = nullptr;  // the request's caches
+  // First chunk after admission: create the caches, from the prefix-cache hit when there is one.
+  bool create = false;
+  std::optional<PrefixCache::Hit> hit;
+  bool exact_hit = false;    // restore_exact, else restore_replay from hit_start
+  int64_t hit_start = 0;
+  std::vector<int32_t>* tokens = nullptr;  // prompt + outputs; [begin, begin + n) is fed
+  int64_t begin = 0, n = 0;
+  std::vector<int32_t> drafts;  // fed after the chunk and verified (the chunk is then 1 token)
   ForwardOptions options;
-  int64_t n_draft = 0;       // trailing tokens of ids that are drafts to verify
-  bool sample = false;       // sample the next token from the chunk's last row (or verify)
+  bool sample = false;       // sample the token at position begin + n (after the drafts: verify them)
+  bool fill = false;         // write it into its placeholder (*tokens)[begin + n]
   RequestSampler* sampler = nullptr;
-  const std::vector<int32_t>* tokens = nullptr;  // prompt + output so far (read only)
   int64_t n_prompt = 0;
-  const LogitMask* mask = nullptr;               // may be null or empty
-  // Prefix cache: capture blocks [capture_from, n_tokens / block) after the step (-1: none), and the
-  // local state when the state then ends on a block end (exact mode).
+  const LogitMask* mask = nullptr;  // may be null or empty
+  // Prefix cache: capture blocks [capture_from, n_tokens / block) after the step (-1: none), with
+  // the local state when the caches then end on a block end (exact mode).
   int64_t capture_from = -1;
   bool capture_local = false;
 };
@@ -40,14 +51,13 @@ struct StepTaskResult {
   std::vector<SampledToken> sampled;  // 1 token; after a verify step the accepted drafts + 1
   int64_t first_block = 0;            // index of captured[0]
   std::vector<std::shared_ptr<CachedBlock>> captured;
-  int64_t n_tokens_after = 0;         // the state's positions after the step (and any rollback)
+  int64_t n_tokens_after = 0;         // the caches' positions after the step (and any rollback)
 };
 
 struct StepOutput {
   std::vector<StepTaskResult> results;  // one per task
   std::string error;                    // non-empty: the step failed as a whole (nothing is valid)
   double forward_seconds = 0;           // the forward pass
-  double seconds = 0;                   // forward + sampling + captures
   std::chrono::steady_clock::time_point begin, end;  // of the whole step
 };
 

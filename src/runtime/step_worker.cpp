@@ -1,7 +1,5 @@
 #include "runtime/step_worker.h"
 
-#include "core/error.h"
-
 namespace di {
 
 StepWorker::StepWorker() : thread_([this] { loop(); }) {}
@@ -15,38 +13,33 @@ StepWorker::~StepWorker() {
   thread_.join();
 }
 
-void StepWorker::launch(std::function<void()> job) {
+uint64_t StepWorker::enqueue(std::function<void()> job) {
+  uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    DI_CHECK(!has_job_ && !running_);
-    job_ = std::move(job);
-    has_job_ = true;
+    jobs_.push_back(std::move(job));
+    ticket = ++queued_;
   }
   cv_.notify_all();
+  return ticket;
 }
 
-void StepWorker::wait() {
+void StepWorker::wait(uint64_t ticket) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !has_job_ && !running_; });
-}
-
-bool StepWorker::busy() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return has_job_ || running_;
+  cv_.wait(lock, [&] { return done_ >= ticket; });
 }
 
 void StepWorker::loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || has_job_; });
-    if (stop_) return;
-    std::function<void()> job = std::move(job_);
-    has_job_ = false;
-    running_ = true;
+    cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;  // stopping, nothing left
+    std::function<void()> job = std::move(jobs_.front());
+    jobs_.pop_front();
     lock.unlock();
-    job();  // the job catches its own errors (run_step reports them in StepOutput)
+    job();  // jobs catch their own errors (run_step reports them in StepOutput)
     lock.lock();
-    running_ = false;
+    ++done_;
     cv_.notify_all();
   }
 }

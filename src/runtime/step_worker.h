@@ -1,9 +1,11 @@
-// A thread that runs one job at a time for the engine thread (async scheduling: the forward of step
-// N runs here while the engine thread post-processes step N - 1). launch() then wait(); one job in
-// flight at most.
+// A thread that runs the engine's step jobs in order (async scheduling: step N + 1 is queued while
+// step N runs, so the worker goes from one forward to the next without waiting for the engine
+// thread, which meanwhile post-processes the steps before).
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -13,21 +15,23 @@ namespace di {
 class StepWorker {
  public:
   StepWorker();
-  ~StepWorker();
+  ~StepWorker();  // runs what is queued, then joins
   StepWorker(const StepWorker&) = delete;
   StepWorker& operator=(const StepWorker&) = delete;
 
-  void launch(std::function<void()> job);  // DI_CHECKs that no job is in flight
-  void wait();                             // until the launched job has returned
-  bool busy() const;
+  // Queues a job; returns its ticket (1, 2, ...). Jobs run one at a time in ticket order.
+  uint64_t enqueue(std::function<void()> job);
+  // Until the job with this ticket has returned.
+  void wait(uint64_t ticket);
 
  private:
   void loop();
 
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
-  std::function<void()> job_;
-  bool has_job_ = false, running_ = false, stop_ = false;
+  std::deque<std::function<void()>> jobs_;
+  uint64_t queued_ = 0, done_ = 0;
+  bool stop_ = false;
   std::thread thread_;
 };
 

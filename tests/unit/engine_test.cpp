@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <random>
 #include <thread>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "model/model.h"
 #include "runtime/engine_impl.h"
 #include "test_util.h"
@@ -149,6 +151,352 @@ TEST(Engine, RequestThatCanNeverFitIsRejected) {
   EXPECT_NE(big.error.find("KV capacity"), std::string::npos) << big.error;
   RequestResult ok = engine->wait(engine->submit(greedy(std::vector<int32_t>(20, 7), 20)));
   EXPECT_EQ(ok.finish_reason, "length") << ok.error;
+}
+
+}  // namespace
+}  // namespace di
+
+namespace di {
+namespace {
+
+// Mixed requests: random prompts, sampled with seeds (some greedy), some with logprobs.
+std::vector<Request> mixed_requests(std::mt19937_64& rng, int n, int max_prompt = 40, int max_out = 10) {
+  std::vector<Request> reqs;
+  for (int i = 0; i < n; ++i) {
+    Request r;
+    r.prompt_ids = random_prompt(rng, 1 + rng() % max_prompt);
+    r.sampling.max_tokens = 1 + static_cast<int32_t>(rng() % max_out);
+    r.sampling.temperature = rng() % 4 == 0 ? 0.0f : 0.7f + 0.1f * static_cast<float>(rng() % 5);
+    r.sampling.top_p = rng() % 2 ? 1.0f : 0.9f;
+    r.sampling.seed = rng();
+    r.sampling.logprobs = rng() % 2 ? 3 : -1;
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+
+std::vector<RequestResult> run_alone(Engine& e, const std::vector<Request>& reqs) {
+  std::vector<RequestResult> out;
+  for (const Request& r : reqs) out.push_back(e.wait(e.submit(r)));
+  return out;
+}
+
+std::vector<RequestResult> run_together(Engine& e, const std::vector<Request>& reqs) {
+  std::vector<RequestId> ids;
+  for (const Request& r : reqs) ids.push_back(e.submit(r));
+  std::vector<RequestResult> out;
+  for (RequestId id : ids) out.push_back(e.wait(id));
+  return out;
+}
+
+void expect_same(const std::vector<RequestResult>& a, const std::vector<RequestResult>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].finish_reason, b[i].finish_reason) << what << " request " << i << ": " << a[i].error << b[i].error;
+    EXPECT_EQ(a[i].token_ids, b[i].token_ids) << what << " request " << i;
+    EXPECT_EQ(a[i].text, b[i].text) << what << " request " << i;
+    EXPECT_EQ(a[i].logprobs, b[i].logprobs) << what << " request " << i;  // bitwise: batch invariance
+  }
+}
+
+TEST(Engine, SameSeedSameTokensWhateverElseRuns) {
+  std::mt19937_64 rng(testing_util::fresh_seed("Engine.SameSeedSameTokensWhateverElseRuns"));
+  std::vector<Request> reqs = mixed_requests(rng, 24);
+  EngineOptions o = base_options();
+  o.batch_invariant = true;
+  o.prefix_cache = PrefixCacheMode::kOff;
+  auto alone_engine = Engine::create(o);
+  std::vector<RequestResult> alone = run_alone(*alone_engine, reqs);
+  // together, with a small budget so prompts are chunked differently and batches vary
+  o.max_step_tokens = 7 + rng() % 20;
+  o.max_running = 3 + rng() % 8;
+  auto engine = Engine::create(o);
+  expect_same(alone, run_together(*engine, reqs), "together");
+  EXPECT_GT(engine->stats().steps, alone_engine->stats().steps / 4);
+}
+
+TEST(Engine, SubmittersOnManyThreads) {
+  std::mt19937_64 rng(testing_util::fresh_seed("Engine.SubmittersOnManyThreads"));
+  std::vector<Request> reqs = mixed_requests(rng, 16);
+  EngineOptions o = base_options();
+  o.prefix_cache = PrefixCacheMode::kExact;  // the second run hits the first's blocks: exact, so equal
+  auto engine = Engine::create(o);
+  std::vector<RequestResult> alone = run_alone(*engine, reqs);
+  std::vector<RequestResult> got(reqs.size());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (size_t i = t; i < reqs.size(); i += 4) got[i] = engine->wait(engine->submit(reqs[i]));
+    });
+  for (auto& th : threads) th.join();
+  expect_same(alone, got, "threads");
+}
+
+TEST(Engine, AsyncSchedulingDoesNotChangeOutputs) {
+  std::mt19937_64 rng(testing_util::fresh_seed("Engine.AsyncSchedulingDoesNotChangeOutputs"));
+  std::vector<Request> reqs = mixed_requests(rng, 20, 40, 16);
+  // stop strings make post-processing finish requests that already run in the next step
+  EngineOptions o = base_options();
+  o.prefix_cache = PrefixCacheMode::kExact;  // runs after the first hit its blocks: exact, so equal
+  o.async_scheduling = false;
+  auto sync_engine = Engine::create(o);
+  std::vector<RequestResult> plain = run_alone(*sync_engine, reqs);
+  for (size_t i = 0; i < reqs.size(); i += 2) {
+    const std::string& t = plain[i].text;
+    // an ASCII stop string from the middle of the output (a cut UTF-8 sequence is not a valid stop)
+    for (size_t k = t.size() / 2; k + 2 <= t.size(); ++k)
+      if (std::isalnum(static_cast<unsigned char>(t[k])) && std::isalnum(static_cast<unsigned char>(t[k + 1]))) {
+        reqs[i].sampling.stop = {t.substr(k, 2)};
+        break;
+      }
+  }
+  std::vector<RequestResult> sync = run_together(*sync_engine, reqs);
+  o.async_scheduling = true;
+  auto async_engine = Engine::create(o);
+  std::vector<RequestResult> async = run_together(*async_engine, reqs);
+  expect_same(sync, async, "async");
+  int stopped = 0;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    if (!reqs[i].sampling.stop.empty()) {
+      EXPECT_EQ(sync[i].finish_reason, "stop");
+      EXPECT_EQ(sync[i].text.find(reqs[i].sampling.stop[0]), std::string::npos);
+      ++stopped;
+    }
+  EXPECT_GT(stopped, 0);
+  EngineStats s = async_engine->stats();
+  EXPECT_GT(s.host_gaps, 0);
+  std::printf("host gap per step: sync %.1f us, async %.1f us; discarded (async) %lld tokens\n",
+              1e6 * sync_engine->stats().host_gap_seconds / std::max<int64_t>(1, sync_engine->stats().host_gaps),
+              1e6 * s.host_gap_seconds / std::max<int64_t>(1, s.host_gaps), static_cast<long long>(s.discarded_tokens));
+}
+
+// Prompts sharing a prefix, then the cache modes: a warm hit against a cold run.
+struct PrefixCase {
+  std::vector<int32_t> first, second;  // share `shared` leading tokens
+};
+
+PrefixCase prefix_case(std::mt19937_64& rng, int64_t shared) {
+  std::vector<int32_t> s = random_prompt(rng, shared);
+  PrefixCase c;
+  c.first = s;
+  c.second = s;
+  std::vector<int32_t> a = random_prompt(rng, 3 + rng() % 10), b = random_prompt(rng, 3 + rng() % 10);
+  c.first.insert(c.first.end(), a.begin(), a.end());
+  c.second.insert(c.second.end(), b.begin(), b.end());
+  return c;
+}
+
+Request scored(std::vector<int32_t> prompt, uint64_t seed) {
+  Request r;
+  r.prompt_ids = std::move(prompt);
+  r.sampling.max_tokens = 8;
+  r.sampling.seed = seed;
+  r.sampling.logprobs = 20;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+TEST(Engine, ExactPrefixHitIsBitIdenticalToACold_Run) {
+  std::mt19937_64 rng(testing_util::fresh_seed("Engine.ExactPrefixHitIsBitIdenticalToACold_Run"));
+  EngineOptions o = base_options();
+  o.prefix_cache = PrefixCacheMode::kOff;
+  auto cold = Engine::create(o);
+  o.prefix_cache = PrefixCacheMode::kExact;
+  o.max_step_tokens = 5 + rng() % 30;
+  auto warm = Engine::create(o);
+  for (int rep = 0; rep < 4; ++rep) {
+    PrefixCase c = prefix_case(rng, 9 + rng() % 60);
+    uint64_t seed = rng();
+    RequestResult want = cold->wait(cold->submit(scored(c.second, seed)));
+    warm->wait(warm->submit(scored(c.first, rng())));
+    RequestResult got = warm->wait(warm->submit(scored(c.second, seed)));
+    EXPECT_GT(got.cached_tokens, 0);
+    EXPECT_EQ(got.token_ids, want.token_ids);
+    EXPECT_EQ(got.logprobs, want.logprobs);  // bitwise
+    ASSERT_EQ(got.top_logprobs.size(), want.top_logprobs.size());
+    for (size_t i = 0; i < got.top_logprobs.size(); ++i)
+      for (size_t k = 0; k < got.top_logprobs[i].size(); ++k) {
+        EXPECT_EQ(got.top_logprobs[i][k].id, want.top_logprobs[i][k].id);
+        EXPECT_EQ(got.top_logprobs[i][k].logprob, want.top_logprobs[i][k].logprob);
+      }
+  }
+  EngineStats s = warm->stats();
+  EXPECT_GT(s.prefix_hit_tokens, 0);
+  EXPECT_GT(s.prefix_lookup_tokens, s.prefix_hit_tokens);
+  EXPECT_GT(s.prefix_cache_bytes, 0);
+}
+
+// Largest |logprob difference| over the first generated position's top-20 list (same conditioning).
+float first_position_gap(const RequestResult& a, const RequestResult& b) {
+  float worst = 0;
+  EXPECT_FALSE(a.top_logprobs.empty());
+  EXPECT_FALSE(b.top_logprobs.empty());
+  if (a.top_logprobs.empty() || b.top_logprobs.empty()) return 1e9f;
+  for (const TokenLogprob& x : a.top_logprobs[0])
+    for (const TokenLogprob& y : b.top_logprobs[0])
+      if (x.id == y.id) worst = std::max(worst, std::abs(x.logprob - y.logprob));
+  return worst;
+}
+
+// SWA bounded replay is approximate by design: the re-run window (encoder side) or the decoder
+// layers (decoder side) see no window rows below it. Measured on the tiny model (window 16) over 60
+// random prompts, the largest |logprob difference| among the first generated position's top 20:
+//   encoder side (hit of 24..93 tokens): mean 0.45, p90 0.66, max 0.89
+//   decoder side (prompts of 27..105 tokens): mean 0.10, p90 0.14, max 0.21
+// (the tiny random model's logprobs sit around -4..-7). The bounds leave some headroom.
+constexpr float kReplayBound = 1.25f;
+constexpr float kDecoderReplayBound = 0.4f;
+
+TEST(Engine, ReplayPrefixHitStaysWithinTheMeasuredBound) {
+  std::mt19937_64 rng(testing_util::fresh_seed("Engine.ReplayPrefixHitStaysWithinTheMeasuredBound"));
+  EngineOptions o = base_options();
+  o.prefix_cache = PrefixCacheMode::kOff;
+  auto cold = Engine::create(o);
+  o.prefix_cache = PrefixCacheMode::kReplay;
+  auto warm = Engine::create(o);
+  float worst = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    PrefixCase c = prefix_case(rng, 24 + rng() % 60);  // hits longer than the window
+    uint64_t seed = rng();
+    RequestResult want = cold->wait(cold->submit(scored(c.second, seed)));
+    warm->wait(warm->submit(scored(c.first, rng())));
+    RequestResult got = warm->wait(warm->submit(scored(c.second, seed)));
+    EXPECT_GT(got.cached_tokens, 0);
+    worst = std::max(worst, first_position_gap(got, want));
+  }
+  std::printf("replay: worst |d logprob| over the first position's top 20: %g\n", worst);
+  EXPECT_LE(worst, kReplayBound);
+  EngineStats s = warm->stats();
+  EXPECT_GT(s.prefix_hit_tokens, 0);
+  EXPECT_GT(s.prefix_replay_tokens, 0);
+}
+
+TEST(Engine, ReplayIgnoresHitsWithinTheWindow) {
+  std::mt19937_64 rng(testing_util::fresh_seed("Engine.ReplayIgnoresHitsWithinTheWindow"));
+  EngineOptions o = base_options();
+  o.prefix_cache = PrefixCacheMode::kReplay;
+  auto e = Engine::create(o);
+  PrefixCase c = prefix_case(rng, 16);  // window 16: a 16-token hit is not adopted
+  e->wait(e->submit(scored(c.first, 1)));
+  RequestResult r = e->wait(e->submit(scored(c.second, 2)));
+  EXPECT_EQ(r.cached_tokens, 0);
+  EXPECT_EQ(e->stats().prefix_hit_tokens, 0);
+}
+
+TEST(Engine, DecoderReplayStaysWithinTheMeasuredBound) {
+  std::mt19937_64 rng(testing_util::fresh_seed("Engine.DecoderReplayStaysWithinTheMeasuredBound"));
+  EngineOptions o = base_options();
+  o.prefix_cache = PrefixCacheMode::kOff;
+  auto exact = Engine::create(o);
+  o.decoder_replay = true;
+  auto approx = Engine::create(o);
+  float worst = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    Request r = scored(random_prompt(rng, 20 + rng() % 80), rng());
+    worst = std::max(worst, first_position_gap(exact->wait(exact->submit(r)), approx->wait(approx->submit(r))));
+  }
+  std::printf("decoder replay: worst |d logprob| over the first position's top 20: %g\n", worst);
+  EXPECT_LE(worst, kDecoderReplayBound);
+  EXPECT_THROW(
+      {
+        EngineOptions bad = base_options();
+        bad.decoder_replay = true;
+        bad.prefix_cache = PrefixCacheMode::kExact;
+        Engine::create(bad);
+      },
+      Error);
+}
+
+// Drafts: random, or the true continuation with some tokens corrupted.
+class TestDrafter final : public Drafter {
+ public:
+  TestDrafter(uint64_t seed, std::vector<std::vector<int32_t>> truth) : rng_(seed), truth_(std::move(truth)) {}
+  std::vector<int32_t> propose(RequestId, std::span<const int32_t> tokens, int64_t max_drafts) override {
+    std::vector<int32_t> d;
+    const std::vector<int32_t>* t = nullptr;
+    for (const auto& full : truth_)
+      if (full.size() > tokens.size() && std::equal(tokens.begin(), tokens.end(), full.begin())) t = &full;
+    int64_t n = rng_() % (max_drafts + 1);
+    for (int64_t i = 0; i < n; ++i) {
+      size_t pos = tokens.size() + i;
+      bool good = t && pos < t->size() && rng_() % 5 != 0;
+      d.push_back(good ? (*t)[pos] : static_cast<int32_t>(rng_() % 512));
+    }
+    return d;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  std::vector<std::vector<int32_t>> truth_;
+};
+
+TEST(Engine, VerifyStepsWithRollbackDoNotChangeOutputs) {
+  std::mt19937_64 rng(testing_util::fresh_seed("Engine.VerifyStepsWithRollbackDoNotChangeOutputs"));
+  std::vector<Request> reqs = mixed_requests(rng, 12, 30, 24);
+  EngineOptions o = base_options();
+  auto plain_engine = Engine::create(o);
+  std::vector<RequestResult> plain = run_together(*plain_engine, reqs);
+  std::vector<std::vector<int32_t>> truth;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::vector<int32_t> t = reqs[i].prompt_ids;
+    t.insert(t.end(), plain[i].token_ids.begin(), plain[i].token_ids.end());
+    truth.push_back(t);
+  }
+  EngineHooks hooks;
+  hooks.drafter = std::make_shared<TestDrafter>(rng(), truth);
+  hooks.max_drafts = 1 + rng() % 5;
+  EngineImpl spec(o, hooks);
+  expect_same(plain, run_together(spec, reqs), "verify");
+  EngineStats s = spec.stats();
+  EXPECT_GT(s.draft_tokens, 0);
+  EXPECT_GT(s.accepted_draft_tokens, 0);
+  EXPECT_LT(s.accepted_draft_tokens, s.draft_tokens);
+  EXPECT_LT(s.steps, plain_engine->stats().steps);
+}
+
+TEST(Engine, LogitMaskRestrictsTokens) {
+  std::mt19937_64 rng(testing_util::fresh_seed("Engine.LogitMaskRestrictsTokens"));
+  auto engine = Engine::create(base_options());
+  Request r;
+  r.prompt_ids = random_prompt(rng, 10);
+  r.sampling.max_tokens = 12;
+  r.sampling.seed = rng();
+  r.sampling.ignore_eos = true;
+  int calls = 0;
+  const int32_t modulus = 3 + rng() % 5;
+  r.logit_mask = [&](std::span<const int32_t> output, std::span<uint32_t> allowed) {
+    EXPECT_EQ(static_cast<int>(output.size()), calls);
+    ++calls;
+    for (int32_t id = 0; id < 512; ++id)
+      if (id % modulus != 0) allowed[id >> 5] &= ~(1u << (id & 31));
+    return true;
+  };
+  RequestResult res = engine->wait(engine->submit(r));
+  ASSERT_EQ(res.token_ids.size(), 12u);
+  for (int32_t t : res.token_ids) EXPECT_EQ(t % modulus, 0);
+  EXPECT_EQ(calls, 12);
+}
+
+TEST(Engine, PreemptionRecomputesToTheSameOutputs) {
+  std::mt19937_64 rng(testing_util::fresh_seed("Engine.PreemptionRecomputesToTheSameOutputs"));
+  std::vector<Request> reqs = mixed_requests(rng, 16, 40, 30);
+  for (Request& r : reqs) {  // long enough that two running requests outgrow the capacity
+    std::vector<int32_t> more = random_prompt(rng, 20);
+    r.prompt_ids.insert(r.prompt_ids.end(), more.begin(), more.end());
+    r.sampling.max_tokens = 20 + rng() % 20;
+    r.sampling.ignore_eos = true;
+  }
+  EngineOptions o = base_options();
+  o.batch_invariant = true;
+  o.prefix_cache = rng() % 2 ? PrefixCacheMode::kExact : PrefixCacheMode::kOff;
+  auto roomy = Engine::create(o);
+  std::vector<RequestResult> alone = run_alone(*roomy, reqs);
+  KvLayout l = KvLayout::from_config(static_cast<EngineImpl&>(*roomy).config(), o.kv_page_tokens);
+  o.kv_capacity_bytes = l.request_bytes(72) + l.local_bytes + 4 * l.page_bytes;
+  auto tight = Engine::create(o);
+  expect_same(alone, run_together(*tight, reqs), "preempted");
+  EXPECT_GT(tight->stats().preemptions, 0);
+  EXPECT_EQ(tight->stats().kv_used_bytes, 0);
 }
 
 }  // namespace

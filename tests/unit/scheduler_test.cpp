@@ -180,15 +180,35 @@ TEST(Scheduler, AlignedChunksStopAtBlockEnds) {
   KvManager kv(layout(), 1'000'000);
   Scheduler s({.max_step_tokens = 20, .max_running = 8, .align_tokens = 8}, kv);
   ASSERT_TRUE(s.add(1, 37, 50));
-  StepPlan p = s.schedule();
-  EXPECT_EQ(show(p), "1:0+16");  // 20 would cross 16
-  p = s.schedule();
-  EXPECT_EQ(show(p), "1:16+16");
-  p = s.schedule();
-  EXPECT_EQ(show(p), "1:32+5*");
+  ASSERT_TRUE(s.add(2, 5, 50));
+  StepPlan p = s.schedule([](uint64_t id, int64_t) { return id == 1 ? 4 : 0; });
+  EXPECT_EQ(show(p), "1:4+4 2:0+5*");  // to the first block end
   commit(s, p);
   p = s.schedule();
-  EXPECT_EQ(show(p), "1:37+1*");
+  EXPECT_EQ(show(p), "1:8+8 2:5+1*");
+  commit(s, p);
+  for (int64_t b = 16; b < 32; b += 8) {
+    p = s.schedule();
+    EXPECT_EQ(show(p), "1:" + std::to_string(b) + "+8 2:" + std::to_string(b / 8 + 4) + "+1*");
+    commit(s, p);
+  }
+  p = s.schedule();
+  EXPECT_EQ(show(p), "1:32+5* 2:8+1*");
+}
+
+TEST(Scheduler, HeldRequestsWaitAndAreNotPreempted) {
+  KvManager kv(layout(), 2450);
+  Scheduler s({.max_step_tokens = 100, .max_running = 8}, kv);
+  ASSERT_TRUE(s.add(1, 15, 24));
+  ASSERT_TRUE(s.add(2, 15, 24));
+  commit(s, s.schedule());
+  commit(s, s.schedule());  // both at 17 known, 2 pages each (2400)
+  s.hold(2);
+  StepPlan p = s.schedule();  // 1 needs page 3 (2500 > 2450); 2 is held, so 1 preempts itself
+  EXPECT_EQ(show(p), " !1");
+  s.hold(2, false);
+  p = s.schedule();
+  EXPECT_EQ(show(p), "2:16+1*");
 }
 
 TEST(Scheduler, DraftsAreVerifiedThenRolledBack) {
