@@ -1,9 +1,13 @@
 // The CUDA dense ops (cuda_dense.cu, dense_linear.cu, cuda_quant.cuh) against the CPU backend on
 // random data (fresh seed per test, printed; DI_GPU_SEED=<n> replays). Tolerances:
 //  - embed, round_bf16, scale_bf16, qdq, pack_rows (cache bytes), unpack_rows: bit-exact (NaN == NaN).
-//  - linear kFp8Block / kFp4Expert: within 1 bf16 ulp per element (the contract), and, separately,
-//    bit-exact (the kernels reproduce the CPU's per-block summation order; a failure there alone
-//    means an order / rounding-point difference, not a wrong result).
+//  - linear kFp8Block / kFp4Expert: per element |d| <= 1 bf16 ulp of |want| + 2^-10 * sum_k |x_k w_k|,
+//    and relative L2 <= 4e-3 over the output. Both sides quantize the activation bit-exactly and
+//    scale / add the 32-wide K-block partials the same way, but the GPU sums each block partial on
+//    the FP8 tensor cores (whose internal accumulation keeps fewer bits than fp32, as the official
+//    reference's fp8_gemm on the same hardware) and may split K across CTAs: differences are fp32
+//    rounding before the bf16 output rounding. Dropping or mis-scaling one K block, a wrong row or
+//    token, exceeds both bounds. Mismatch counts are printed.
 //  - linear kBf16 and grouped_linear (fp32 sums in another order): per element
 //    |d| <= 1 bf16 ulp of |want| + 2^-20 * sum_k |x_k w_k| (the fp32 summation error allowance).
 //  - linear kF32 (fp64 sums, rounded once): |d| <= 1e-6 |want| + 1e-12 * sum_k |x_k w_k|.
@@ -129,6 +133,11 @@ std::vector<float> host_weight_values(const Weight& w) {
         case DType::kF8E4M3:
           x = quant::e4m3_to_float(w.data[i]) * quant::e8m0_to_float(w.scale[(o / 32) * w.scale_cols + k / 32]);
           break;
+        case DType::kI8: {  // MXFP4 expert: E2M1 pairs (even column low), one E8M0 scale per row per 32
+          const uint8_t pair = w.data[(o * w.cols + k) / 2];
+          x = quant::e2m1_to_float((k & 1) ? pair >> 4 : pair & 15) * quant::e8m0_to_float(w.scale[o * w.scale_cols + k / 32]);
+          break;
+        }
         default: ADD_FAILURE() << "unexpected dtype";
       }
       v[i] = x;
@@ -212,13 +221,14 @@ void check_linear(DenseOps& t, WeightMode mode, DType dtype, int64_t s, int64_t 
   std::vector<float> want = t.cpu->to_host_f32(yc), got = t.gpu->to_host_f32(yg);
   const Compare c = compare(got, want);
   std::printf("[ info     ] linear %s: %s\n", label.c_str(), c.str().c_str());
-  if (mode == WeightMode::kFp8Block || mode == WeightMode::kFp4Expert) {
-    EXPECT_LE(c.max_ulp, 1.0) << c.str() << ", " << t.seed_note();
-    EXPECT_EQ(c.mismatches, 0) << "claimed bit-exact with the CPU order: " << c.str() << ", " << t.seed_note();
-    return;
-  }
   const std::vector<double> l1 = abs_sums(xv, s, k, host_weight_values(w.w), n, k, n);
   std::string worst;
+  if (mode == WeightMode::kFp8Block || mode == WeightMode::kFp4Expert) {
+    EXPECT_EQ(count_outside(got, want, l1, true, 0.0, 0x1p-10, &worst), 0)
+        << "worst " << worst << "; " << c.str() << ", " << t.seed_note();
+    EXPECT_LE(c.rel_l2, 4e-3) << c.str() << ", " << t.seed_note();
+    return;
+  }
   const bool f32 = mode == WeightMode::kF32;
   const int64_t bad = f32 ? count_outside(got, want, l1, false, 1e-6, 1e-12, &worst)
                           : count_outside(got, want, l1, true, 0.0, 0x1p-20, &worst);
@@ -237,11 +247,14 @@ TEST_F(DenseOps, LinearFp4Expert) {
       check_linear(*this, WeightMode::kFp4Expert, DType::kI8, s, n, k);
 }
 
-TEST_F(DenseOps, LinearDecodeShapes) {  // several prefetched K iterations (K = 4096: 8 FP8 / 4 FP4 passes)
-  for (int64_t s : {1, 2}) {
-    check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, s, 1024, 4096);
-    check_linear(*this, WeightMode::kFp4Expert, DType::kI8, s, 512, 4096);
+// Decode batches at long K (split across CTAs), every token-tile width (1, 2, 4, 8 n8 tiles), a
+// partial last tile of 64 tokens, and row counts that leave warps and CTAs partly empty.
+TEST_F(DenseOps, LinearDecodeShapes) {
+  for (int64_t s : {1, 2, 9, 24, 64, 65}) {
+    check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, s, 1000, 4096);
+    check_linear(*this, WeightMode::kFp4Expert, DType::kI8, s, 520, 4096);
   }
+  check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, 3, 32768 / 16, 1280);
 }
 
 TEST_F(DenseOps, LinearBf16) {

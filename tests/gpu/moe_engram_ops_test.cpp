@@ -143,6 +143,25 @@ TEST_F(MoeEngramOps, ExpertsMatchCpu) {
   }
 }
 
+// The grouped path's edge cases: experts with more entries than one 64-token tile (130 rows over 8
+// experts), ids outside [0, E) (skipped, as the CPU skips them), a row without any valid id.
+TEST_F(MoeEngramOps, ExpertsGroupedEdgeCases) {
+  const int64_t n_exp = 8, rows = 130;
+  const int top_k = 6;
+  ExpertSet set = random_experts(rng(), *gpu, n_exp);
+  gputest::TensorPair x = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, kHidden});
+  auto [ids, w] = random_route(rng(), rows, n_exp, top_k);
+  for (int j = 0; j < top_k; ++j) ids[5 * top_k + j] = -1;  // row 5: no expert
+  ids[7 * top_k + 2] = -1;
+  ids[9 * top_k + 0] = static_cast<int32_t>(n_exp);  // out of range
+  MoeRoute rc{cpu->from_host_f32(w, {rows, top_k}), cpu->from_host_i32(ids, {rows, top_k})};
+  MoeRoute rg{gpu->from_host_f32(w, {rows, top_k}), gpu->from_host_i32(ids, {rows, top_k})};
+  std::vector<float> want = cpu->to_host_f32(cpu->moe_experts(x.cpu, rc, set.experts, set.shared, 7.0f));
+  Compare c = compare(gpu->to_host_f32(gpu->moe_experts(x.gpu, rg, set.experts, set.shared, 7.0f)), want);
+  std::printf("  grouped edge cases: %s\n", c.str().c_str());
+  EXPECT_LE(c.rel_l2, 1e-3) << c.str() << ", " << seed_note();
+}
+
 // Route then experts on each backend: relative L2 <= 1e-3.
 TEST_F(MoeEngramOps, RouteThenExpertsMatchCpu) {
   const int64_t n_exp = 16, rows = 40;

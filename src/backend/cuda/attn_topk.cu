@@ -14,6 +14,7 @@
 
 #include "backend/cuda/attn_common.cuh"
 #include "backend/cuda/attn_topk.cuh"
+#include "backend/cuda/torch_select.h"
 
 namespace di::cuda::attn {
 namespace {
@@ -171,7 +172,85 @@ __global__ void __launch_bounds__(kSelThreads) select_candidates_kernel(
                    [&](uint32_t pos, int64_t i) { o[pos] = static_cast<int32_t>(cand_i[at(i)] + offset); });
 }
 
+// kTorch, one warp (block) per row; scratch: k pairs per row (heap branch) or n (nth_element).
+__global__ void __launch_bounds__(32) torch_select_kernel(const float* __restrict__ values, int64_t stride, int64_t n,
+                                                          int64_t k, int64_t row0, torch_select::Pair* scratch,
+                                                          int32_t* __restrict__ sel) {
+  using torch_select::Pair;
+  const int64_t r = row0 + blockIdx.x;
+  const int lane = threadIdx.x;
+  const float* v = values + r * stride;
+  int32_t* out = sel + r * k;
+  if (torch_select::uses_heap(n, k)) {
+    Pair* heap = scratch + static_cast<int64_t>(blockIdx.x) * k;
+    for (int64_t j = lane; j < k; j += 32) heap[j] = Pair{v[j], static_cast<int32_t>(j)};
+    __syncwarp();
+    if (lane == 0) torch_select::make_heap(heap, k);
+    __syncwarp();
+    float top = heap[0].v;
+    for (int64_t base = k; base < n; base += 32) {
+      const int64_t j = base + lane;
+      const float x = j < n ? __ldg(v + j) : 0.0f;
+      unsigned cand = __ballot_sync(0xffffffffu, j < n && x > top);
+      while (cand) {  // in index order; the top only rises, so later candidates are re-checked
+        const int src = __ffs(cand) - 1;
+        cand &= cand - 1;
+        const float xv = __shfl_sync(0xffffffffu, x, src);
+        if (xv > top) {
+          if (lane == 0) torch_select::adjust_heap(heap, 0, k, Pair{xv, static_cast<int32_t>(base + src)});
+          __syncwarp();
+          top = heap[0].v;
+        }
+      }
+    }
+    __syncwarp();
+    for (int64_t j = lane; j < k; j += 32) out[j] = heap[j].i;
+  } else {
+    Pair* f = scratch + static_cast<int64_t>(blockIdx.x) * n;
+    for (int64_t j = lane; j < n; j += 32) f[j] = Pair{v[j], static_cast<int32_t>(j)};
+    __syncwarp();
+    if (lane == 0) torch_select::nth_element(f, k - 1, n);
+    __syncwarp();
+    for (int64_t j = lane; j < k; j += 32) out[j] = f[j].i;
+  }
+}
+
+// One block per row: rank of each selected index among the row's k (distinct) indices.
+__global__ void sorted_selection_kernel(const int32_t* __restrict__ sel, int64_t k, const int64_t* __restrict__ visible,
+                                        int32_t offset, int32_t* __restrict__ out) {
+  const int64_t r = blockIdx.x;
+  const int32_t* s = sel + r * k;
+  for (int64_t i = threadIdx.x; i < k; i += blockDim.x) {
+    const int32_t x = s[i];
+    int64_t rank = 0;
+    for (int64_t j = 0; j < k; ++j) rank += __ldg(s + j) < x;
+    out[r * k + rank] = x < visible[r] ? x + offset : -1;
+  }
+}
+
 }  // namespace
+
+void topk_torch(const float* values, int64_t rows, int64_t stride, int64_t n, int64_t k, int32_t* sel) {
+  DI_CHECK(k >= 0 && k <= n && n <= stride && n <= INT32_MAX);
+  if (rows == 0 || k == 0) return;
+  const int64_t per_row = (torch_select::uses_heap(n, k) ? k : n) * static_cast<int64_t>(sizeof(torch_select::Pair));
+  const int64_t batch = std::max<int64_t>(1, std::min<int64_t>({rows, 65535, kMaxCandidateBytes / per_row}));
+  Scratch scratch(static_cast<size_t>(batch * per_row));
+  for (int64_t row0 = 0; row0 < rows; row0 += batch) {
+    const int64_t nb = std::min(batch, rows - row0);
+    torch_select_kernel<<<static_cast<unsigned>(nb), 32>>>(values, stride, n, k, row0,
+                                                           scratch.as<torch_select::Pair>(), sel);
+    DI_CUDA_LAUNCH_CHECK();
+  }
+}
+
+void sorted_selection(const int32_t* sel, int64_t rows, int64_t k, const int64_t* visible, int32_t offset,
+                      int32_t* out) {
+  if (rows == 0 || k == 0) return;
+  DI_CHECK(rows <= 0x7fffffff);
+  sorted_selection_kernel<<<static_cast<unsigned>(rows), 256>>>(sel, k, visible, offset, out);
+  DI_CUDA_LAUNCH_CHECK();
+}
 
 void topk_lowest_index(const float* values, int64_t rows, int64_t stride, const std::vector<int64_t>& n,
                        const std::vector<int64_t>& k, int64_t out_k, int32_t offset, int32_t* out) {

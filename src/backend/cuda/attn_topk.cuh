@@ -14,4 +14,16 @@ namespace di::cuda::attn {
 void topk_lowest_index(const float* values, int64_t rows, int64_t stride, const std::vector<int64_t>& n,
                        const std::vector<int64_t>& k, int64_t out_k, int32_t offset, int32_t* out);
 
+// torch.topk's CPU selection (TieBreak::kTorch; cpu::torch_topk_indices, emulated step by step by
+// torch_select.h): for each row r, the k indices it selects among values[r, 0 .. n), unordered, in
+// sel[r * k ...]. One warp per row: the heap branch (k * 64 <= n) scans the row 32 values at a time
+// and lets one lane apply the heap updates in index order; the nth_element branch runs on one lane
+// over a pair copy of the row (n < 64 k, so rows are short). No host round trip.
+void topk_torch(const float* values, int64_t rows, int64_t stride, int64_t n, int64_t k, int32_t* sel);
+
+// out[r, :] = the selected indices of row r in ascending order, + offset, entries >= visible[r]
+// (device [rows] int64) -> -1 (they sort last): the CPU's kTorch topk_indices output.
+void sorted_selection(const int32_t* sel, int64_t rows, int64_t k, const int64_t* visible, int32_t offset,
+                      int32_t* out);
+
 }  // namespace di::cuda::attn

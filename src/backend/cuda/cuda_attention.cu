@@ -1,20 +1,18 @@
 // CUDA backend: sparse attention with the sink, compressor pooling, the lightning indexer's scores,
 // candidate blocks and top-k selection (semantics: src/backend/cpu/cpu_attention.cpp).
 //
-// Tie modes of the selections: kLowestIndex runs on the device (attn_topk.cu). kTorch is the
-// reference-compatibility path: the rows are copied to the host and the CPU's own routine
-// (cpu::torch_topk_indices: libstdc++ partial_sort / nth_element on (value, index) pairs, as
-// torch.topk on the CPU) picks the elements, so the choice among tied values is exactly the CPU's.
+// Tie modes of the selections, both on the device (attn_topk.cu), no host round trip: kLowestIndex
+// (radix select); kTorch, the reference-compatibility path, picks the elements torch.topk picks on
+// the CPU (cpu::torch_topk_indices: libstdc++ partial_sort / nth_element on (value, index) pairs),
+// emulated step by step (torch_select.h), so the choice among tied values is exactly the CPU's.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "backend/cpu/torch_topk.h"
 #include "backend/cuda/attn_common.cuh"
 #include "backend/cuda/attn_topk.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
-#include "core/thread_pool.h"
 
 namespace di {
 namespace {
@@ -407,18 +405,16 @@ Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<in
   DI_CUDA_LAUNCH_CHECK();
   Scratch flags;
   if (ties == TieBreak::kTorch) {
-    // Reference-compatibility path: torch.topk's choice among ties, by the CPU's own routine.
-    std::vector<float> host(static_cast<size_t>(s * n_blocks));
-    DI_CUDA_CHECK(cudaMemcpy(host.data(), bs.as<float>(), host.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    std::vector<uint8_t> fl(host.size(), 0);
-    parallel_for(s, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        const float* row = host.data() + r * n_blocks;
-        for (int64_t blk : cpu::torch_topk_indices(row, n_blocks, keep))
-          if (row[blk] > kNegInf) fl[r * n_blocks + blk] = 1;
-      }
-    });
-    flags = cuda::attn::upload(fl);
+    // Reference-compatibility path: torch.topk's choice among ties (torch_select.h on the device).
+    flags = Scratch(static_cast<size_t>(s * n_blocks));
+    DI_CUDA_CHECK(cudaMemsetAsync(flags.as<uint8_t>(), 0, static_cast<size_t>(s * n_blocks), 0));
+    if (keep > 0) {
+      Scratch list(static_cast<size_t>(s * keep) * sizeof(int32_t));
+      cuda::attn::topk_torch(bs.as<float>(), s, n_blocks, n_blocks, keep, list.as<int32_t>());
+      mark_blocks_kernel<<<elem_blocks(s * keep), kElemThreads>>>(list.as<int32_t>(), keep, bs.as<float>(), n_blocks,
+                                                                  s * keep, flags.as<uint8_t>());
+      DI_CUDA_LAUNCH_CHECK();
+    }
   } else {
     flags = Scratch(static_cast<size_t>(s * n_blocks));
     DI_CUDA_CHECK(cudaMemsetAsync(flags.as<uint8_t>(), 0, static_cast<size_t>(s * n_blocks), 0));
@@ -451,22 +447,11 @@ Tensor CudaBackend::topk_indices(const Tensor& scores, int k, const std::vector<
   Tensor out = alloc(TType::kI32, {s, k});
   if (s == 0 || k == 0) return out;
   if (ties == TieBreak::kTorch) {
-    // Reference-compatibility path: the rows go to the host and the CPU's own routine picks the
-    // elements torch.topk picks (exactly the CPU backend's result, ties included).
-    std::vector<float> host(static_cast<size_t>(s * width));
-    DI_CUDA_CHECK(cudaMemcpy(host.data(), scores.f32(), host.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    std::vector<int32_t> res(static_cast<size_t>(s * k));
-    parallel_for(s, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        std::vector<int64_t> order = cpu::torch_topk_indices(host.data() + r * width, width, k);
-        std::sort(order.begin(), order.end());
-        for (int i = 0; i < k; ++i)
-          res[r * k + i] = i < static_cast<int>(order.size()) && order[i] < visible[r]
-                               ? static_cast<int32_t>(order[i] + offset)
-                               : -1;
-      }
-    });
-    DI_CUDA_CHECK(cudaMemcpy(out.i32(), res.data(), res.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    // Reference-compatibility path: torch.topk's choice among ties over the whole row (the CPU's
+    // kTorch), emulated on the device (torch_select.h); then ascending, invisible entries -1.
+    Scratch sel(static_cast<size_t>(s * k) * sizeof(int32_t)), vis = cuda::attn::upload(visible);
+    cuda::attn::topk_torch(scores.f32(), s, width, width, k, sel.as<int32_t>());
+    cuda::attn::sorted_selection(sel.as<int32_t>(), s, k, vis.as<int64_t>(), offset, out.i32());
     return out;
   }
   // Only visible positions can be picked; the rest of the row stays -1.

@@ -3,6 +3,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_scratch.cuh"
 
 namespace di {
 
@@ -24,6 +25,22 @@ std::shared_ptr<void> device_alloc(size_t bytes) {
   });
 }
 
+// Tensor memory: stream-ordered allocations from the device's default pool, which keeps freed memory
+// (cuda_scratch.cuh), so a steady-state op allocates nothing from the driver and freeing never waits
+// for the device (cudaFree would synchronize after every op). All ops run on the default stream.
+std::shared_ptr<void> tensor_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes > 0) {
+    cuda::keep_pool_memory();
+    cudaError_t err = cudaMallocAsync(&p, bytes, 0);
+    if (err != cudaSuccess)
+      throw Error("GPU out of memory allocating " + std::to_string(bytes) + " bytes: " + cudaGetErrorString(err));
+  }
+  return std::shared_ptr<void>(p, [](void* q) {
+    if (q) cudaFreeAsync(q, 0);  // errors ignored: may run at exit, after the context is gone
+  });
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend() {
@@ -42,7 +59,7 @@ Tensor CudaBackend::alloc(TType type, const std::vector<int64_t>& shape) {
   Tensor t;
   t.type = type;
   t.shape = shape;
-  t.storage = device_alloc(static_cast<size_t>(t.numel()) * elem_size(type));
+  t.storage = tensor_alloc(static_cast<size_t>(t.numel()) * elem_size(type));
   t.data = t.storage.get();
   return t;
 }

@@ -66,6 +66,8 @@ class CudaBackend final : public Backend {
   int64_t weight_bytes() const { return weight_bytes_; }
 
  private:
+  Tensor moe_experts_listed(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
+                            const ExpertWeights& shared, float swiglu_limit);
   int64_t weight_bytes_ = 0;
 };
 

@@ -1,11 +1,15 @@
 // CUDA backend ops: MoE routing and experts, Engram lookup and injection. Same semantics and bf16
 // rounding points as src/backend/cpu/cpu_moe.cpp; the kernels are in moe_*_kernels.cu.
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/dense_linear.cuh"
+#include "backend/cuda/gemm_workspace.cuh"
+#include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/moe_kernels.cuh"
 
 namespace di {
@@ -65,16 +69,115 @@ MoeRoute CudaBackend::moe_route(const Tensor& x, const Weight& gate, const Weigh
   return route;
 }
 
+namespace {
+
+// True when every routed expert is an MXFP4 SwiGLU expert of one shape (w1, w3 [inter, d], w2
+// [d, inter], per-row scales): the grouped path's precondition.
+bool uniform_fp4_experts(const std::vector<ExpertWeights>& experts, int64_t d) {
+  if (experts.empty()) return false;
+  const int64_t inter = experts[0].w1.rows;
+  if (inter <= 0 || inter % 32 != 0 || d % 32 != 0) return false;
+  auto ok = [](const Weight& w, int64_t rows, int64_t cols) {
+    return w.mode == WeightMode::kFp4Expert && w.rows == rows && w.cols == cols && w.scale_cols == cols / 32 &&
+           (w.scale_rows == 0 || w.scale_rows == rows) && w.device != nullptr;
+  };
+  for (const ExpertWeights& e : experts)
+    if (!ok(e.w1, inter, d) || !ok(e.w3, inter, d) || !ok(e.w2, d, inter)) return false;
+  return true;
+}
+
+// Device tables of the experts' weight pointers ([w1 | w3 | w2] x E), uploaded once per expert set
+// (keyed by the vector's storage, re-uploaded when any pointer changed).
+const uint8_t* const* expert_tables(const std::vector<ExpertWeights>& experts) {
+  struct Entry {
+    std::vector<const uint8_t*> ptrs;
+    std::shared_ptr<void> dev;
+  };
+  static std::mutex mu;
+  static std::unordered_map<const ExpertWeights*, Entry> cache;
+  const size_t n = experts.size();
+  std::vector<const uint8_t*> ptrs(3 * n);
+  for (size_t e = 0; e < n; ++e) {
+    ptrs[e] = cuda::wdata(experts[e].w1);
+    ptrs[n + e] = cuda::wdata(experts[e].w3);
+    ptrs[2 * n + e] = cuda::wdata(experts[e].w2);
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  Entry& entry = cache[experts.data()];
+  if (entry.ptrs != ptrs) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, ptrs.size() * sizeof(void*)) != cudaSuccess)
+      throw Error("GPU out of memory allocating the expert weight tables");
+    entry.dev = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    DI_CUDA_CHECK(cudaMemcpy(p, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    entry.ptrs = std::move(ptrs);
+  }
+  return static_cast<const uint8_t* const*>(entry.dev.get());
+}
+
+}  // namespace
+
 Tensor CudaBackend::moe_experts(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                                 const ExpertWeights& shared, float swiglu_limit) {
   const int64_t s = x.rows(), d = x.row_size(), k = route.experts.row_size();
   const int64_t n_exp = static_cast<int64_t>(experts.size());
   DI_CHECK(route.experts.rows() == s && route.weights.rows() == s && route.weights.row_size() == k);
   if (s == 0) return alloc(TType::kF32, {0, d});
+  if (!uniform_fp4_experts(experts, d)) return moe_experts_listed(x, route, experts, shared, swiglu_limit);
 
-  // First version: the routing comes to the host once (S*k ids) and each expert's rows are listed
-  // there. Next: a grouped kernel with device-side counts and offsets (no host round trip, one
-  // launch for all experts).
+  // Grouped path: routing lists on the device, one launch per projection for all active experts.
+  using namespace cuda;
+  const int64_t n = s * k, inter = experts[0].w1.rows;
+  DI_CHECK_MSG(n * std::max(d, inter) < (1LL << 31), "moe_experts: too many rows");
+  const uint8_t* const* tables = expert_tables(experts);
+  int32_t* li = workspace_as<int32_t>(Ws::kMoeLists, static_cast<size_t>(2 * n_exp + 2 + 4 * n));
+  const moe::RouteLists lists{li, li + n_exp + 1, li + 2 * n_exp + 1, li + 2 * n_exp + 2,
+                              li + 2 * n_exp + 2 + n, li + 2 * n_exp + 2 + 2 * n, li + 2 * n_exp + 2 + 3 * n};
+  moe::route_lists(route.experts.i32(), s, static_cast<int>(k), n_exp, lists);
+
+  uint8_t* xc = workspace_as<uint8_t>(Ws::kMoeXCodes, static_cast<size_t>(s * d));
+  float* xs = workspace_as<float>(Ws::kMoeXScales, static_cast<size_t>(s * d / 32));
+  dense::quantize_activation(x.f32(), s, d, xc, xs);
+  const int slots = static_cast<int>(std::min(n_exp, n));
+  const int nt = dense::nt_for(std::min<int64_t>(s, mma::kTokTile));
+
+  // gate and up: [n, inter] each, rows in sorted-entry order
+  float* gate = workspace_as<float>(Ws::kMoeGate, static_cast<size_t>(n * inter));
+  float* up = workspace_as<float>(Ws::kMoeUp, static_cast<size_t>(n * inter));
+  moe::GroupedArgs a1{xc, xs, lists.tok_of, lists, static_cast<int>((inter + mma::kCtaRows - 1) / mma::kCtaRows),
+                      static_cast<int>(inter), static_cast<int>(d), static_cast<int>(n)};
+  const dense::SplitPlan p1 = dense::plan_split(2LL * a1.row_ctas * slots, d / 32, nt);
+  float* partial = p1.splits > 1 ? workspace_as<float>(Ws::kPartial, static_cast<size_t>(2 * p1.splits * n * inter)) : nullptr;
+  unsigned* counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(2 * a1.row_ctas * slots));
+  moe::grouped_fp4_gemm(a1, tables, gate, tables + n_exp, up, slots, nt, p1.splits, p1.kb_per_split, partial, counters);
+
+  // h = SwiGLU x routing weight, FP8-quantized for the down projection
+  uint8_t* hc = workspace_as<uint8_t>(Ws::kMoeHCodes, static_cast<size_t>(n * inter));
+  float* hs = workspace_as<float>(Ws::kMoeHScales, static_cast<size_t>(n * inter / 32));
+  moe::swiglu_quant(gate, up, lists, n_exp, route.weights.f32(), n, inter, swiglu_limit, hc, hs);
+
+  float* down = workspace_as<float>(Ws::kMoeDown, static_cast<size_t>(n * d));
+  moe::GroupedArgs a2{hc, hs, nullptr, lists, static_cast<int>((d + mma::kCtaRows - 1) / mma::kCtaRows),
+                      static_cast<int>(d), static_cast<int>(inter), static_cast<int>(n)};
+  const dense::SplitPlan p2 = dense::plan_split(static_cast<int64_t>(a2.row_ctas) * slots, inter / 32, nt);
+  partial = p2.splits > 1 ? workspace_as<float>(Ws::kPartial, static_cast<size_t>(p2.splits * n * d)) : nullptr;
+  counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(a2.row_ctas * slots));
+  moe::grouped_fp4_gemm(a2, tables + 2 * n_exp, down, nullptr, nullptr, slots, nt, p2.splits, p2.kb_per_split, partial,
+                        counters);
+
+  Tensor ys = run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit);
+  DI_CHECK(ys.rows() == s && ys.row_size() == d);
+  Tensor out = alloc(TType::kF32, {s, d});
+  moe::combine(down, lists.order, static_cast<int>(k), ys.f32(), s, d, out.f32());
+  return out;
+}
+
+// Fallback for expert sets the grouped path does not take (mixed formats or shapes): the routing
+// comes to the host once and each expert runs through linear().
+Tensor CudaBackend::moe_experts_listed(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
+                                       const ExpertWeights& shared, float swiglu_limit) {
+  const int64_t s = x.rows(), d = x.row_size(), k = route.experts.row_size();
+  const int64_t n_exp = static_cast<int64_t>(experts.size());
   const std::vector<int32_t> ids = to_host_i32(route.experts);  // [S, k]
   std::vector<int64_t> count(n_exp + 1, 0);
   for (int32_t e : ids)

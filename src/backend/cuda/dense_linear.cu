@@ -1,14 +1,15 @@
-// CUDA GEMMs of linear / grouped_linear (first version: CUDA cores, no tensor cores).
+// CUDA GEMMs of linear / grouped_linear.
 //
-// Quantized weights (kFp8Block, kFp4Expert) reproduce CpuBackend::linear bit for bit: the activation
-// is quantized by the bit-exact device quantizer; each 32-wide K block's partial is summed in the
-// CPU dot's order (8 strided fp32 chains, then ((0+1)+(2+3))+((4+5)+(6+7))) -- the products of
-// E4M3 x E4M3 / E4M3 x E2M1 are exact in fp32, so an FMA equals the CPU's multiply-then-add -- then
-// scaled (partial * act scale * weight scale) and added to the fp32 accumulator in K-block order.
+// Quantized weights (kFp8Block, kFp4Expert): the activation is quantized by the bit-exact device
+// quantizer (one small launch, into the persistent workspace), then one GEMM launch on the FP8
+// tensor cores (mma_gemm.cuh): each 32-wide K block's partial is scaled by the activation and weight
+// scales and added to an fp32 accumulator, as CpuBackend::linear does, but the block partial is
+// summed by the tensor core and K may be split across CTAs (the partials of the splits are added in
+// split order by the last CTA to finish, so results are deterministic). Equal to the CPU's result to
+// fp32 rounding before the bf16 output rounding (tests/gpu/dense_ops_test.cpp states the bound).
 //
-// Layout: one warp per output feature, weights streamed once per 32-row activation tile with
-// coalesced 16-byte loads (the next chunk prefetched); lanes compute block partials for all rows of
-// the tile, write them to shared memory, and lane r adds row r's partials in K order.
+// Layout: a CTA owns 128 output features x one K range x up to 64 tokens; grid (ceil(N/128),
+// splits, ceil(M/64)). Weight bytes are read once per launch for M <= 64 (once per 64 tokens above).
 //
 // Float weights (kBf16, kF32, grouped wo_a): one warp per output feature, lanes split K in 8-element
 // chunks, up to 8 rows per pass, warp-shuffle reduction. Summation order differs from the CPU's
@@ -23,14 +24,15 @@
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/dense_linear.cuh"
 #include "backend/cuda/dense_scratch.cuh"
+#include "backend/cuda/gemm_workspace.cuh"
+#include "backend/cuda/mma_gemm.cuh"
 
 namespace di::cuda::dense {
 namespace {
 
 using dq::kFullMask;
 
-constexpr int kWarps = 4;      // output features (warps) per CTA
-constexpr int kRowTile = 32;   // activation rows per CTA of the quantized GEMM (one lane each)
+constexpr int kWarps = 4;      // output features (warps) per CTA of the float GEMM
 constexpr int kFloatRows = 8;  // activation rows per CTA of the float GEMM (registers per lane)
 
 __device__ __forceinline__ uint4 ldg16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
@@ -46,33 +48,6 @@ __device__ __forceinline__ void e4m3x4(uint32_t u, float* out) {
   out[3] = b.y;
 }
 
-__device__ __forceinline__ void e4m3x16(const uint4& v, float* out) {
-  e4m3x4(v.x, out);
-  e4m3x4(v.y, out + 4);
-  e4m3x4(v.z, out + 8);
-  e4m3x4(v.w, out + 12);
-}
-
-// 8 E2M1 codes (nibbles of u, low first) -> 8 floats.
-__device__ __forceinline__ void e2m1x8(uint32_t u, float* out) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) out[i] = dq::e2m1_to_float_fast(u >> (4 * i));
-}
-
-// cpu::dot(a, b, 32) in the same order; every product a[i]*b[i] must be exact in fp32.
-__device__ __forceinline__ float block_dot32(const float* a, const float* b) {
-  float s[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) s[j] = fmaf(a[j], b[j], 0.0f);
-#pragma unroll
-  for (int i = 8; i < 32; i += 8)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) s[j] = fmaf(a[i + j], b[i + j], s[j]);
-  const float sum = __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[1]), __fadd_rn(s[2], s[3])),
-                              __fadd_rn(__fadd_rn(s[4], s[5]), __fadd_rn(s[6], s[7])));
-  return __fadd_rn(sum, 0.0f);  // + the (empty) tail sum, as the CPU
-}
-
 // [S*K/32 blocks] one warp per 32-value block: x f32 -> codes e4m3 + scale f32 (e8m0 value).
 // Reads 4 B and writes 1.125 B per element.
 __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, uint8_t* __restrict__ codes,
@@ -86,111 +61,61 @@ __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, u
   if (lane == 0) scales[blk] = e8m0_to_float(dq::e8m0_byte(e));
 }
 
-// Sums the scaled block partials pw[lane][0..cnt) of this warp's tile into lane's accumulator.
-__device__ __forceinline__ void add_partials(float& acc, const float (*pw)[33], int lane, int rows, int cnt) {
-  __syncwarp();
-  if (lane < rows)
-    for (int j = 0; j < cnt; ++j) acc = __fadd_rn(acc, pw[lane][j]);
-  __syncwarp();
+// y[M, N] = bf16(x W^T) for FP8 block / MXFP4 weights from the quantized activation xc / xs.
+// Bytes per launch: the weight and its scales once (M <= 64), M*K*(1 + 4/32) activation bytes per
+// 128 output features (L2), 4*M*N written, plus 8*splits*M*N of partials (L2) when K is split.
+template <mma::WFmt F, int NT>
+__global__ void __launch_bounds__(mma::kThreads)
+    quantized_linear_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int M,
+                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ wscale, int64_t scale_cols,
+                            int N, int K, int kb_per_split, float* __restrict__ partial, unsigned* __restrict__ counters,
+                            float* __restrict__ y) {
+  using namespace mma;
+  const int warp = threadIdx.x >> 5;
+  const int row0 = blockIdx.x * kCtaRows + warp * kWarpRows;
+  const int t0 = blockIdx.z * kTokTile;
+  const int count = min(kTokTile, M - t0);
+  const int nb = K / 32, split = blockIdx.y, splits = gridDim.y;
+  const int kb0 = split * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
+  const TokenRows<NT> tok = token_rows<NT>(count, K, [&](int i) { return t0 + i; });
+  float acc[2][NT][4] = {};
+  if (row0 < N) warp_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, xc, xs, tok, acc);
+  if (splits == 1) {
+    for_each_acc(acc, row0, N, count,
+                 [&](int r, int t, float v) { y[static_cast<int64_t>(t0 + t) * N + r] = dq::round_bf16(v); });
+    return;
+  }
+  for_each_acc(acc, row0, N, count, [&](int r, int t, float v) {
+    partial[(static_cast<int64_t>(split) * M + t0 + t) * N + r] = v;
+  });
+  if (!split_last_arrival(counters + blockIdx.z * gridDim.x + blockIdx.x, splits)) return;
+  const int r = blockIdx.x * kCtaRows + threadIdx.x;
+  if (r >= N) return;
+  for (int t = 0; t < count; ++t) {
+    float s = 0.0f;
+    for (int sp = 0; sp < splits; ++sp) s += __ldcg(partial + (static_cast<int64_t>(sp) * M + t0 + t) * N + r);
+    y[static_cast<int64_t>(t0 + t) * N + r] = dq::round_bf16(s);
+  }
 }
 
-// kFp8Block: W [N, K] e4m3 + E8M0 [ceil(N/32), scale_cols]. Grid (ceil(N/4), ceil(S/32)).
-// Bytes per call: N*K weights + N*K/1024 scales from DRAM (re-read from L2 by each further 32-row
-// tile), S*K*(1+1/8) activation codes+scales per output warp from L1/L2, 4*S*N written.
-// FLOPs 2*S*N*K on CUDA cores.
-__global__ void __launch_bounds__(kWarps * 32)
-    fp8_linear_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, const uint8_t* __restrict__ w,
-                      const uint8_t* __restrict__ wscale, int64_t scale_cols, int S, int N, int K,
-                      float* __restrict__ y) {
-  __shared__ float part[kWarps][kRowTile][33];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, half = lane & 1;
-  const int o = blockIdx.x * kWarps + warp;
-  if (o >= N) return;
-  const int r0 = blockIdx.y * kRowTile;
-  const int rows = min(kRowTile, S - r0);
-  const int nb = K / 32;
-  const uint8_t* wrow = w + static_cast<int64_t>(o) * K;
-  const uint8_t* srow = wscale + static_cast<int64_t>(o / 32) * scale_cols;
-  float(*pw)[33] = part[warp];
-  float acc = 0.0f;
-  // Lane pair (2m, 2m+1) holds K block kb0 + m: each loads one 16-byte half, then they swap halves.
-  uint4 next = (lane >> 1) < nb ? ldg16(wrow + (lane >> 1) * 32 + half * 16) : make_uint4(0, 0, 0, 0);
-  for (int kb0 = 0; kb0 < nb; kb0 += 16) {
-    const int kb = kb0 + (lane >> 1);
-    const bool valid = kb < nb;
-    const uint4 mine = next;
-    if (kb + 16 < nb) next = ldg16(wrow + (kb + 16) * 32 + half * 16);
-    const float ws = valid ? e8m0_to_float(srow[kb]) : 0.0f;
-    uint4 other;
-    other.x = __shfl_xor_sync(kFullMask, mine.x, 1);
-    other.y = __shfl_xor_sync(kFullMask, mine.y, 1);
-    other.z = __shfl_xor_sync(kFullMask, mine.z, 1);
-    other.w = __shfl_xor_sync(kFullMask, mine.w, 1);
-    float wf[32];
-    e4m3x16(half ? other : mine, wf);
-    e4m3x16(half ? mine : other, wf + 16);
-    if (valid) {
-      // the two lanes of a pair split the rows (even / odd)
-      for (int rr = half; rr < rows; rr += 2) {
-        const int64_t row = r0 + rr;
-        const uint8_t* xr = xc + row * K + kb * 32;
-        float xf[32];
-        e4m3x16(ldg16(xr), xf);
-        e4m3x16(ldg16(xr + 16), xf + 16);
-        const float p = block_dot32(xf, wf);
-        pw[rr][lane >> 1] = __fmul_rn(__fmul_rn(p, __ldg(xs + row * nb + kb)), ws);
-      }
-    }
-    add_partials(acc, pw, lane, rows, min(16, nb - kb0));
-  }
-  if (lane < rows) y[static_cast<int64_t>(r0 + lane) * N + o] = dq::round_bf16(acc);
+template <mma::WFmt F, int NT>
+void launch_quantized(const uint8_t* xc, const float* xs, int M, const Weight& w, dim3 grid, int kb_per_split,
+                      float* partial, unsigned* counters, float* y) {
+  quantized_linear_kernel<F, NT><<<grid, mma::kThreads>>>(xc, xs, M, wdata(w), wscale(w), w.scale_cols,
+                                                          static_cast<int>(w.rows), static_cast<int>(w.cols),
+                                                          kb_per_split, partial, counters, y);
+  DI_CUDA_LAUNCH_CHECK();
 }
 
-// kFp4Expert: W [N, K/2] E2M1 pairs (even column low nibble) + E8M0 [N, scale_cols].
-// Grid (ceil(N/4), ceil(S/32)). Bytes per call: N*K/2 weights + N*K/32 scales from DRAM (re-read
-// from L2 by further row tiles), activations as fp8_linear_kernel, 4*S*N written.
-__global__ void __launch_bounds__(kWarps * 32)
-    fp4_linear_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, const uint8_t* __restrict__ w,
-                      const uint8_t* __restrict__ wscale, int64_t scale_cols, int S, int N, int K,
-                      float* __restrict__ y) {
-  __shared__ float part[kWarps][kRowTile][33];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int o = blockIdx.x * kWarps + warp;
-  if (o >= N) return;
-  const int r0 = blockIdx.y * kRowTile;
-  const int rows = min(kRowTile, S - r0);
-  const int nb = K / 32;
-  const uint8_t* wrow = w + static_cast<int64_t>(o) * (K / 2);
-  const uint8_t* srow = wscale + static_cast<int64_t>(o) * scale_cols;
-  float(*pw)[33] = part[warp];
-  float acc = 0.0f;
-  // Lane l holds K block kb0 + l: 16 bytes = 32 codes.
-  uint4 next = lane < nb ? ldg16(wrow + lane * 16) : make_uint4(0, 0, 0, 0);
-  for (int kb0 = 0; kb0 < nb; kb0 += 32) {
-    const int kb = kb0 + lane;
-    const bool valid = kb < nb;
-    const uint4 mine = next;
-    if (kb + 32 < nb) next = ldg16(wrow + (kb + 32) * 16);
-    if (valid) {
-      const float ws = e8m0_to_float(srow[kb]);
-      float wf[32];
-      e2m1x8(mine.x, wf);
-      e2m1x8(mine.y, wf + 8);
-      e2m1x8(mine.z, wf + 16);
-      e2m1x8(mine.w, wf + 24);
-      for (int rr = 0; rr < rows; ++rr) {
-        const int64_t row = r0 + rr;
-        const uint8_t* xr = xc + row * K + kb * 32;
-        float xf[32];
-        e4m3x16(ldg16(xr), xf);
-        e4m3x16(ldg16(xr + 16), xf + 16);
-        const float p = block_dot32(xf, wf);
-        pw[rr][lane] = __fmul_rn(__fmul_rn(p, __ldg(xs + row * nb + kb)), ws);
-      }
-    }
-    add_partials(acc, pw, lane, rows, min(32, nb - kb0));
+template <mma::WFmt F>
+void launch_quantized_nt(int nt, const uint8_t* xc, const float* xs, int M, const Weight& w, dim3 grid,
+                         int kb_per_split, float* partial, unsigned* counters, float* y) {
+  switch (nt) {
+    case 1: return launch_quantized<F, 1>(xc, xs, M, w, grid, kb_per_split, partial, counters, y);
+    case 2: return launch_quantized<F, 2>(xc, xs, M, w, grid, kb_per_split, partial, counters, y);
+    case 4: return launch_quantized<F, 4>(xc, xs, M, w, grid, kb_per_split, partial, counters, y);
+    default: return launch_quantized<F, 8>(xc, xs, M, w, grid, kb_per_split, partial, counters, y);
   }
-  if (lane < rows) y[static_cast<int64_t>(r0 + lane) * N + o] = dq::round_bf16(acc);
 }
 
 // ---- float weights ----------------------------------------------------------------------------------
@@ -336,31 +261,72 @@ void check_grid(int64_t S, int64_t N, int64_t K) {
   DI_CHECK_MSG(S <= 65535LL * kFloatRows && N < (1LL << 31) / 2 && K < (1LL << 31) / 4, "linear: shape too large");
 }
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&dev));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
 }  // namespace
+
+void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales) {
+  DI_CHECK_MSG(K % 32 == 0, "FP8 activation quantization needs K divisible by 32");
+  const int64_t nblocks = rows * (K / 32);
+  if (nblocks == 0) return;
+  act_quant_kernel<<<blocks_for(nblocks * 32, 256), 256>>>(x, nblocks, codes, scales);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+SplitPlan plan_split(int64_t tiles, int64_t nb, int nt) {
+  SplitPlan p;
+  const int64_t want = 4LL * sm_count();  // CTAs that keep every SM streaming
+  if (tiles < want && nb > 1) {
+    // each split keeps >= max(4, 2*nt) K blocks, so its weight bytes outweigh its partial sums
+    const int64_t min_kb = std::max(4, 2 * nt);
+    p.splits = static_cast<int>(std::clamp<int64_t>((want + tiles - 1) / tiles, 1, std::max<int64_t>(1, nb / min_kb)));
+  }
+  p.kb_per_split = static_cast<int>((nb + p.splits - 1) / p.splits);
+  p.splits = static_cast<int>((nb + p.kb_per_split - 1) / p.kb_per_split);
+  return p;
+}
+
+int nt_for(int64_t tokens) {
+  if (tokens <= 8) return 1;
+  if (tokens <= 16) return 2;
+  if (tokens <= 32) return 4;
+  return 8;
+}
 
 void quantized_linear(const float* x, int64_t S, const Weight& w, float* y) {
   DI_CHECK(w.mode == WeightMode::kFp8Block || w.mode == WeightMode::kFp4Expert);
   const int64_t K = w.cols, N = w.rows;
   DI_CHECK_MSG(K % 32 == 0, "FP8 linear needs K divisible by 32");
-  check_grid(S, N, K);
+  DI_CHECK_MSG(S * K < (1LL << 31) && N < (1LL << 30) && (S + 63) / 64 <= 65535, "linear: shape too large");
   if (S == 0 || N == 0) return;
   const int64_t nb = K / 32;
-  // workspace: codes [S, K] e4m3, then scales [S, K/32] f32
-  Scratch ws(static_cast<size_t>(S * K + S * nb * 4));
-  uint8_t* codes = ws.as<uint8_t>();
-  float* scales = reinterpret_cast<float*>(codes + S * K);
-  if (S * nb > 0) {
-    act_quant_kernel<<<blocks_for(S * nb * 32, 256), 256>>>(x, S * nb, codes, scales);
-    DI_CUDA_LAUNCH_CHECK();
+  uint8_t* codes = workspace_as<uint8_t>(Ws::kActCodes, static_cast<size_t>(S * K));
+  float* scales = workspace_as<float>(Ws::kActScales, static_cast<size_t>(S * nb));
+  quantize_activation(x, S, K, codes, scales);
+  const int64_t row_ctas = (N + mma::kCtaRows - 1) / mma::kCtaRows, chunks = (S + mma::kTokTile - 1) / mma::kTokTile;
+  const int nt = nt_for(S);
+  const SplitPlan plan = plan_split(row_ctas * chunks, nb, nt);
+  float* partial = nullptr;
+  unsigned* counters = nullptr;
+  if (plan.splits > 1) {
+    partial = workspace_as<float>(Ws::kPartial, static_cast<size_t>(plan.splits * S * N));
+    counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(row_ctas * chunks));
   }
-  const dim3 grid(static_cast<unsigned>(blocks_for(N, kWarps)), static_cast<unsigned>(blocks_for(S, kRowTile)));
+  const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(chunks));
   if (w.mode == WeightMode::kFp8Block)
-    fp8_linear_kernel<<<grid, kWarps * 32>>>(codes, scales, wdata(w), wscale(w), w.scale_cols, static_cast<int>(S),
-                                             static_cast<int>(N), static_cast<int>(K), y);
+    launch_quantized_nt<mma::WFmt::kFp8Block>(nt, codes, scales, static_cast<int>(S), w, grid, plan.kb_per_split,
+                                              partial, counters, y);
   else
-    fp4_linear_kernel<<<grid, kWarps * 32>>>(codes, scales, wdata(w), wscale(w), w.scale_cols, static_cast<int>(S),
-                                             static_cast<int>(N), static_cast<int>(K), y);
-  DI_CUDA_LAUNCH_CHECK();
+    launch_quantized_nt<mma::WFmt::kFp4Row>(nt, codes, scales, static_cast<int>(S), w, grid, plan.kb_per_split,
+                                            partial, counters, y);
 }
 
 void float_linear(const float* x, int64_t S, const Weight& w, bool bf16_out, float* y) {

@@ -9,10 +9,25 @@
 
 namespace di::cuda::dense {
 
-// y[S, N] = bf16(x[S, K] W^T) for kFp8Block / kFp4Expert weights, exactly as CpuBackend::linear:
-// x FP8-quantized per 32 (quant::fp8_ue8m0_quant), per-K-block fp32 partial (same 8-way order as
-// the CPU dot) x act scale x weight scale, added in K-block order, bf16 out.
+// y[S, N] = bf16(x[S, K] W^T) for kFp8Block / kFp4Expert weights, as CpuBackend::linear: x
+// FP8-quantized per 32 (bit-exact with quant::fp8_ue8m0_quant), per-K-block partial x act scale x
+// weight scale added in fp32, bf16 out. Block partials come from the FP8 tensor cores, so the result
+// equals the CPU's to fp32 rounding (not bit for bit). No allocation per call (persistent workspace).
 void quantized_linear(const float* x, int64_t rows, const Weight& w, float* y);
+
+// The activation quantizer of quantized_linear: codes [rows, K] E4M3, scales [rows, K/32] as floats.
+void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);
+
+// How a quantized GEMM splits K across CTAs: `tiles` independent CTA tiles (row blocks x token
+// tiles), nb K blocks, nt n8 token tiles per warp.
+struct SplitPlan {
+  int splits = 1;
+  int kb_per_split = 0;
+};
+SplitPlan plan_split(int64_t tiles, int64_t nb, int nt);
+
+// n8 token tiles per warp for up to `tokens` tokens per tile (1, 2, 4 or 8).
+int nt_for(int64_t tokens);
 
 // y = x W^T for kBf16 (fp32 accumulation, bf16 out) / kF32 (fp64 accumulation, fp32 out) weights
 // stored as BF16, F16 or F32.

@@ -40,6 +40,47 @@ void scatter_add_rows(float* acc, const float* y, const int32_t* rows, int64_t n
 // out = bf16(acc + shared), n values.
 void add_round_bf16(const float* acc, const float* shared, int64_t n, float* out);
 
+// ---- grouped experts (moe_grouped.cu) --------------------------------------------------------------
+
+// Device routing lists of n = S*k entries (entry i = token i / k, route slot i), sorted by (expert,
+// token). All device pointers into caller-owned buffers.
+struct RouteLists {
+  int32_t* offsets;   // [E + 1] first sorted position of each expert; offsets[E] = valid entries
+  int32_t* active;    // [E] ids of the experts with entries, ascending (first *n_active used)
+  int32_t* n_active;  // [1]
+  int32_t* tok_of;    // [n] token of the sorted entry p
+  int32_t* slot_of;   // [n] its route slot
+  int32_t* pos_of;    // [n] sorted position of route slot i (-1: id outside [0, E))
+  int32_t* order;     // [n] per token, its sorted positions in expert-id order, -1 after the last
+};
+
+// Builds the lists from route ids [S, k] (device) in one single-CTA launch.
+void route_lists(const int32_t* experts, int64_t s, int k, int64_t n_exp, const RouteLists& l);
+
+// One grouped MXFP4 GEMM (or two sharing the activation: gate and up): for each active expert e and
+// its entries p, y[p, :N] = bf16(a[p] . W_e^T), a[p] = row act_row_of[p] (or p when null) of the
+// quantized activation xc / xs. Weight tables: [E] device pointers to prepared [N, K] kFp4Expert
+// weights (data then scales, as CudaBackend::prepare lays them out).
+struct GroupedArgs {
+  const uint8_t* xc;          // [*, K] E4M3 codes
+  const float* xs;            // [*, K/32] scales
+  const int32_t* act_row_of;  // [n] or null
+  RouteLists lists;
+  int row_ctas;               // ceil(N / 128)
+  int N, K;
+  int n_rows;                 // n = S*k (rows of y, partial sums)
+};
+void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0, const uint8_t* const* w1, float* y1,
+                      int slots, int nt, int splits, int kb_per_split, float* partial, unsigned* counters);
+
+// h = bf16(route_w[slot] * silu(min(g, limit)) * clamp(u, +-limit)) for the valid entries, quantized
+// to FP8 per 32: codes [n, inter], scales [n, inter/32].
+void swiglu_quant(const float* gate, const float* up, const RouteLists& l, int64_t n_exp, const float* route_w,
+                  int64_t n_rows, int64_t inter, float limit, uint8_t* codes, float* scales);
+
+// out[t] = bf16(sum over t's entries in expert-id order of down[p] + shared[t]); rows of d floats.
+void combine(const float* down, const int32_t* order, int k, const float* shared, int64_t s, int64_t d, float* out);
+
 // ---- Engram ---------------------------------------------------------------------------------------
 
 // out[i, :] = bf16(e4m3(table[cols[i], :]) * e8m0(scales[cols[i], c / 32])) for i < n; out-of-range

@@ -1,0 +1,238 @@
+// The routed experts as grouped launches with device-side routing lists (no host round trip, so a
+// MoE layer can be captured in a CUDA graph):
+//  1. route_lists: per-expert counts, offsets and the ascending list of active experts from the
+//     router's [S, k] ids; entries sorted by (expert, token), as the CPU lists them.
+//  2. one grouped GEMM for gate and up (w1, w3) of every active expert (MXFP4 widened to E4M3 in
+//     registers, mma_gemm.cuh), reading the once-quantized input rows through the entry -> token list;
+//  3. SwiGLU x routing weight, quantized to FP8 for the down projection, in one kernel;
+//  4. one grouped GEMM for the down projection (w2);
+//  5. combine: per token, its entries in expert-id order, then + the shared expert, bf16.
+// Grid z spans min(E, S*k) expert slots (the most that can be active); CTAs of inactive slots exit.
+#include <algorithm>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_quant.cuh"
+#include "backend/cuda/mma_gemm.cuh"
+#include "backend/cuda/moe_elem.cuh"
+#include "backend/cuda/moe_kernels.cuh"
+
+namespace di::cuda::moe {
+namespace {
+
+constexpr int kListThreads = 1024;
+constexpr int kElemThreads = 256;
+
+// One CTA. n = S*k entries (ids outside [0, E) are skipped); smem: E counts + E offsets.
+// Work: n atomics, an E-long scan, then one thread per expert scans the n ids (L1 broadcasts):
+// O(n) steps, ~2 us at decode sizes.
+__global__ void __launch_bounds__(kListThreads)
+    route_lists_kernel(const int32_t* __restrict__ experts, int n, int k, int n_exp, RouteLists l) {
+  extern __shared__ int32_t sm[];
+  int32_t* cnt = sm;           // [E]
+  int32_t* off = sm + n_exp;   // [E]
+  for (int e = threadIdx.x; e < n_exp; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int32_t e = experts[i];
+    if (e >= 0 && e < n_exp) atomicAdd(&cnt[e], 1);
+    else l.pos_of[i] = -1;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // exclusive scans of the counts and of the "active" flags
+    const int lane = threadIdx.x;
+    int run = 0, run_active = 0;
+    for (int c0 = 0; c0 < n_exp; c0 += 32) {
+      const int e = c0 + lane;
+      const int v = e < n_exp ? cnt[e] : 0, f = v > 0 ? 1 : 0;
+      int iv = v, jf = f;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, iv, o), b = __shfl_up_sync(0xffffffffu, jf, o);
+        if (lane >= o) iv += a, jf += b;
+      }
+      if (e < n_exp) {
+        off[e] = run + iv - v;
+        l.offsets[e] = run + iv - v;
+        if (f) l.active[run_active + jf - f] = e;
+      }
+      run += __shfl_sync(0xffffffffu, iv, 31);
+      run_active += __shfl_sync(0xffffffffu, jf, 31);
+    }
+    if (lane == 0) {
+      l.offsets[n_exp] = run;
+      *l.n_active = run_active;
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
+    if (cnt[e] == 0) continue;
+    int p = off[e];
+    for (int i = 0; i < n; ++i)
+      if (__ldg(experts + i) == e) {
+        l.tok_of[p] = i / k;
+        l.slot_of[p] = i;
+        l.pos_of[i] = p;
+        ++p;
+      }
+  }
+  __syncthreads();
+  // per token: the positions of its entries in expert-id order (insertion sort of k <= 32), -1 last
+  for (int t = threadIdx.x; t < n / k; t += blockDim.x) {
+    int32_t ids[kMaxTopK], pos[kMaxTopK];
+    int m = 0;
+    for (int j = 0; j < k; ++j) {
+      const int32_t p = l.pos_of[t * k + j];
+      if (p < 0) continue;
+      const int32_t e = experts[t * k + j];
+      int at = m++;
+      while (at > 0 && ids[at - 1] > e) {
+        ids[at] = ids[at - 1];
+        pos[at] = pos[at - 1];
+        --at;
+      }
+      ids[at] = e;
+      pos[at] = p;
+    }
+    for (int j = 0; j < k; ++j) l.order[t * k + j] = j < m ? pos[j] : -1;
+  }
+}
+
+// Grouped MXFP4 GEMM: for matrix `mat` (grid x = mats * row_ctas), expert slot blockIdx.z and K split
+// blockIdx.y, y[p, :] = bf16(a[p] W_e^T) for the entries p of expert e = active[slot]; a[p] = row
+// act_row_of[p] (or p) of the quantized activation. Bytes: each active expert's weights once (plus
+// one re-read per further 64 entries), activations from L2, partials as quantized_linear.
+struct GroupedMat {
+  const uint8_t* const* w;  // [E] device pointers: E2M1 data [N, K/2], then E8M0 scales [N, K/32]
+  float* y;                 // [n, N]
+};
+
+template <int NT>
+__global__ void __launch_bounds__(mma::kThreads)
+    grouped_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, const int32_t* __restrict__ act_row_of,
+                       RouteLists l, GroupedMat m0, GroupedMat m1, int row_ctas, int N, int K, int n_rows,
+                       int kb_per_split, float* __restrict__ partial, unsigned* __restrict__ counters) {
+  using namespace mma;
+  const int slot = blockIdx.z;
+  if (slot >= *l.n_active) return;
+  const int e = l.active[slot];
+  const int mat = blockIdx.x / row_ctas, rc = blockIdx.x % row_ctas;
+  const GroupedMat m = mat ? m1 : m0;
+  const uint8_t* w = m.w[e];
+  const uint8_t* wsc = w + static_cast<int64_t>(N) * (K / 2);
+  const int p0 = l.offsets[e], n_e = l.offsets[e + 1] - p0;
+  const int warp = threadIdx.x >> 5, row0 = rc * kCtaRows + warp * kWarpRows;
+  const int nb = K / 32, split = blockIdx.y, splits = gridDim.y;
+  const int kb0 = split * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
+  float* part = partial + static_cast<int64_t>(mat * splits + split) * n_rows * N;
+  for (int c0 = 0; c0 < n_e; c0 += 8 * NT) {
+    const int count = min(8 * NT, n_e - c0), pc = p0 + c0;
+    const TokenRows<NT> tok =
+        token_rows<NT>(count, K, [&](int i) { return act_row_of ? __ldg(act_row_of + pc + i) : pc + i; });
+    float acc[2][NT][4] = {};
+    if (row0 < N) warp_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, kb0, kb1, xc, xs, tok, acc);
+    if (splits == 1)
+      for_each_acc(acc, row0, N, count,
+                   [&](int r, int t, float v) { m.y[static_cast<int64_t>(pc + t) * N + r] = dq::round_bf16(v); });
+    else
+      for_each_acc(acc, row0, N, count,
+                   [&](int r, int t, float v) { part[static_cast<int64_t>(pc + t) * N + r] = v; });
+  }
+  if (splits == 1) return;
+  if (!split_last_arrival(counters + (static_cast<int64_t>(mat) * row_ctas + rc) * gridDim.z + slot, splits)) return;
+  const int r = rc * kCtaRows + threadIdx.x;
+  if (r >= N) return;
+  for (int p = p0; p < p0 + n_e; ++p) {
+    float s = 0.0f;
+    for (int sp = 0; sp < splits; ++sp)
+      s += __ldcg(partial + (static_cast<int64_t>(mat * splits + sp) * n_rows + p) * N + r);
+    m.y[static_cast<int64_t>(p) * N + r] = dq::round_bf16(s);
+  }
+}
+
+// One warp per 32 columns of an entry p < offsets[E]: h = bf16(route_w[slot] * silu(min(g, limit)) *
+// clamp(u, +-limit)) (the CPU's expression order; no clamps when limit <= 0), then the FP8 quantizer
+// of the down projection's input. Reads 8 B, writes 1.125 B per element.
+__global__ void swiglu_quant_kernel(const float* __restrict__ gate, const float* __restrict__ up, RouteLists l,
+                                    int n_exp, const float* __restrict__ route_w, int n_rows, int inter, float limit,
+                                    uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  const int64_t blk = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int nbk = inter / 32;
+  const int64_t p = blk / nbk;
+  if (p >= n_rows || p >= l.offsets[n_exp]) return;  // whole warps
+  const int lane = threadIdx.x & 31;
+  const int64_t t = p * inter + (blk % nbk) * 32 + lane;
+  float g = gate[t], u = up[t];
+  if (limit > 0) {
+    u = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp (NaN stays NaN)
+    g = limit < g ? limit : g;                           // std::min
+  }
+  float h = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_f32(-g))), u);
+  h = dq::round_bf16(__fmul_rn(route_w[l.slot_of[p]], h));
+  const int e = dq::round_scale_exponent(dq::group_amax<32>(h, dq::kFp8AmaxFloor), dq::kFp8MaxInv);
+  codes[t] = dq::fp8_code(h, dq::scale_from_exponent(e));
+  if (lane == 0) scales[blk] = e8m0_to_float(dq::e8m0_byte(e));
+}
+
+// out[t, c] = bf16(sum of down[p, c] over t's entries in expert-id order (from 0), + shared[t, c]).
+__global__ void combine_kernel(const float* __restrict__ down, const int32_t* __restrict__ order, int k,
+                               const float* __restrict__ shared, int64_t s, int64_t d, float* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= s * d) return;
+  const int64_t t = i / d, c = i % d;
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int32_t p = order[t * k + j];
+    if (p < 0) break;
+    acc = __fadd_rn(acc, down[static_cast<int64_t>(p) * d + c]);
+  }
+  out[i] = dq::round_bf16(__fadd_rn(acc, shared[i]));
+}
+
+template <int NT>
+void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat& m1, dim3 grid, int kb_per_split,
+                    float* partial, unsigned* counters) {
+  grouped_fp4_kernel<NT><<<grid, mma::kThreads>>>(a.xc, a.xs, a.act_row_of, a.lists, m0, m1, a.row_ctas, a.N, a.K,
+                                                  a.n_rows, kb_per_split, partial, counters);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void route_lists(const int32_t* experts, int64_t s, int k, int64_t n_exp, const RouteLists& l) {
+  DI_CHECK_MSG(k >= 1 && k <= kMaxTopK, "moe_experts: top_k out of range");
+  const size_t smem = static_cast<size_t>(2 * n_exp) * sizeof(int32_t);
+  DI_CHECK_MSG(smem <= 48 * 1024 && s * k < (1LL << 31), "moe_experts: too many experts or entries");
+  route_lists_kernel<<<1, kListThreads, smem>>>(experts, static_cast<int>(s * k), k, static_cast<int>(n_exp), l);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0, const uint8_t* const* w1, float* y1,
+                      int slots, int nt, int splits, int kb_per_split, float* partial, unsigned* counters) {
+  const int mats = w1 ? 2 : 1;
+  const GroupedMat m0{w0, y0}, m1{w1 ? w1 : w0, w1 ? y1 : y0};
+  const dim3 grid(static_cast<unsigned>(mats * a.row_ctas), static_cast<unsigned>(splits), static_cast<unsigned>(slots));
+  switch (nt) {
+    case 1: return launch_grouped<1>(a, m0, m1, grid, kb_per_split, partial, counters);
+    case 2: return launch_grouped<2>(a, m0, m1, grid, kb_per_split, partial, counters);
+    case 4: return launch_grouped<4>(a, m0, m1, grid, kb_per_split, partial, counters);
+    default: return launch_grouped<8>(a, m0, m1, grid, kb_per_split, partial, counters);
+  }
+}
+
+void swiglu_quant(const float* gate, const float* up, const RouteLists& l, int64_t n_exp, const float* route_w,
+                  int64_t n_rows, int64_t inter, float limit, uint8_t* codes, float* scales) {
+  DI_CHECK_MSG(inter % 32 == 0, "moe_experts: the expert width must be divisible by 32");
+  const int64_t warps = n_rows * (inter / 32);
+  if (warps == 0) return;
+  swiglu_quant_kernel<<<blocks_for(warps * 32, kElemThreads), kElemThreads>>>(
+      gate, up, l, static_cast<int>(n_exp), route_w, static_cast<int>(n_rows), static_cast<int>(inter), limit, codes,
+      scales);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+void combine(const float* down, const int32_t* order, int k, const float* shared, int64_t s, int64_t d, float* out) {
+  if (s * d == 0) return;
+  combine_kernel<<<blocks_for(s * d, kElemThreads), kElemThreads>>>(down, order, k, shared, s, d, out);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace di::cuda::moe
