@@ -88,3 +88,21 @@ def write_configs(tc, out_dir):
     os.makedirs(os.path.join(out_dir, "inference"), exist_ok=True)
     json.dump(top, open(os.path.join(out_dir, "config.json"), "w"), indent=2)
     json.dump(inf, open(os.path.join(out_dir, "inference", "config.json"), "w"), indent=2)
+
+
+def main():
+    import argparse
+    ap = argparse.ArgumentParser(description="write brown-small's config and Engram token map into the data dir")
+    ap.add_argument("--data", default="out/train_small", help="train_bpe.py output (tokenizer.json)")
+    args = ap.parse_args()
+    tok = os.path.join(args.data, "tokenizer.json")
+    tc = text_config(tok)
+    write_configs(tc, args.data)
+    tmap, n = engram_token_map(tok)
+    json.dump({"token_map": tmap, "compressed_vocab_size": n}, open(os.path.join(args.data, "engram_token_map.json"), "w"))
+    print(f"config: engram_compressed_vocab_size {n}, engram_num_embeddings {tc['engram_num_embeddings']}, "
+          f"dspark_noise_token_id {tc['dspark_noise_token_id']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,8 @@
 """V4.1 config (text_config fields, the per-layer schedule of src/model/config.cpp), the Engram
 layout and token map (src/model/engram_hash.cpp, src/tokenizer/engram_token_map.cpp), the checkpoint
 tensor list (src/model/checkpoint_manifest.cpp) and a minimal safetensors reader / writer."""
+import ctypes
+import ctypes.util
 import json
 import struct
 import unicodedata
@@ -106,8 +108,12 @@ def rope_freqs(cfg, layer):
     """src/model/rope_table.cpp: fp32 frequencies, YaRN blend for compressed layers."""
     rd = cfg.rope_dim
     half = rd // 2
-    e = torch.arange(half, dtype=torch.float32) * 2 / torch.tensor(float(rd))
-    f = (1.0 / torch.pow(torch.tensor(float(layer.theta), dtype=torch.float64), e.double())).float()
+    # 1.0f / powf(base, 2i / rd) in fp32 with the C library's powf, as the engine computes it
+    powf = ctypes.CDLL(ctypes.util.find_library("m")).powf
+    powf.restype, powf.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
+    base = float(np.float32(layer.theta))
+    e = [float(np.float32(2 * i) / np.float32(rd)) for i in range(half)]
+    f = torch.tensor([np.float32(1.0) / np.float32(powf(base, v)) for v in e], dtype=torch.float32)
     if layer.yarn:
         import math
         corr = lambda rot: rd * math.log(cfg.yarn_orig / (rot * 2 * math.pi)) / (2 * math.log(layer.theta))

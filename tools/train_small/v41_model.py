@@ -15,6 +15,8 @@ mHC, Engram before its blocks, CSA2 compressed attention (Full / Reindex / Reuse
 candidates), sqrt-softplus MoE, final collapse with the last FFN-site pre, fp32 head; DSpark: feature
 taps -> main_proj -> 3 stages over a window of context KV + the draft block -> Markov + confidence.
 """
+import ctypes
+import ctypes.util
 import math
 
 import numpy as np
@@ -53,7 +55,9 @@ class Common:
             self.eng_pad = int(self.token_map[cfg.engram_pad_id])
 
     def engram_cols(self, ids):
-        tm = self.token_map.to(ids.device)
+        if self.token_map.device != ids.device:
+            self.token_map = self.token_map.to(ids.device)
+        tm = self.token_map
         return engram_hash(ids, tm, self.eng_pad, self.eng_primes, self.eng_offsets, self.eng_mults,
                            self.cfg.engram_max_ngram, self.cfg.engram_heads)
 
@@ -95,6 +99,8 @@ def hc_mixes(ops, h, p, site):
 
 def hc_pre(ops, h, mix):
     hc = ops.cfg.hc
+    if not ops.exact:
+        return torch.einsum("...k,...kd->...d", mix[..., :hc].to(h.dtype), h)
     acc = mix[..., 0:1] * h[..., 0, :].float()
     for k in range(1, hc):
         acc = acc + mix[..., k:k + 1] * h[..., k, :].float()
@@ -104,6 +110,8 @@ def hc_pre(ops, h, mix):
 def hc_post(ops, y, res, mix):
     hc = ops.cfg.hc
     post, comb = mix[..., hc:2 * hc], mix[..., 2 * hc:].unflatten(-1, (hc, hc))
+    if not ops.exact:
+        return post.unsqueeze(-1) * y.float().unsqueeze(-2) + torch.einsum("...jk,...jd->...kd", comb, res.float())
     outs = []
     for k in range(hc):
         acc = comb[..., 0, k:k + 1] * res[..., 0, :].float()
@@ -114,6 +122,8 @@ def hc_post(ops, y, res, mix):
 
 
 def stream_mean(ops, h):
+    if not ops.exact:
+        return h.float().mean(-2)
     acc = h[..., 0, :].float()
     for k in range(1, ops.cfg.hc):
         acc = acc + h[..., k, :].float()
@@ -143,11 +153,11 @@ def block(ops, layer, h, pre, attn_fn):
     p = ops.cfg.prefix(layer)
     a_mix = hc_mixes(ops, h, p, "attn")
     x = ops.rmsnorm(hc_pre(ops, h, pre), p + "attn_norm.weight")
-    y = attn_fn(x)
+    y = ops.dropout(attn_fn(x))
     h1 = hc_post(ops, y, h, a_mix)
     f_mix = hc_mixes(ops, h1, p, "ffn")
     x = ops.rmsnorm(hc_pre(ops, h1, a_mix), p + "ffn_norm.weight")
-    y = ops.moe(x, layer)
+    y = ops.dropout(ops.moe(x, layer))
     return hc_post(ops, y, h1, f_mix), f_mix
 
 
@@ -395,6 +405,8 @@ def ste(x, fq):
 
 
 class TrainOps(nn.Module):
+    exact = False
+
     def __init__(self, cfg, token_map, seed=0):
         super().__init__()
         self.cfg = cfg
@@ -402,6 +414,7 @@ class TrainOps(nn.Module):
         self.freqs = self.common.freqs
         self.qat = False         # fake-quant weights and GEMM inputs
         self.kv_quant = True     # fake-quant the cache points (window KV, compressed rows, index q/k)
+        self.drop = 0.0          # dropout on the sublayer outputs (training only)
         self.params = nn.ParameterDict()
         self._load = {}
         g = torch.Generator().manual_seed(seed)
@@ -463,6 +476,9 @@ class TrainOps(nn.Module):
     def rb(self, x):
         return x
 
+    def dropout(self, y):
+        return F.dropout(y, self.drop, self.training) if self.drop > 0 else y
+
     def cos(self, x):
         return torch.cos(x)
 
@@ -481,6 +497,9 @@ class TrainOps(nn.Module):
 
     def seq_dot(self, a, b):
         return (a.float() * b.float()).sum(-1)
+
+    def softmax_pool(self, kv, sc):
+        return (torch.softmax(sc.float(), 2) * kv.float()).sum(2)
 
     def small_sum(self, x, dim):
         return x.sum(dim, keepdim=True)
@@ -663,7 +682,30 @@ def dot8_mm(x, w, rows=16):
     return torch.cat(out, 0) if out else torch.zeros(0, w.shape[0])
 
 
+class _Libm:
+    """The C library's float functions (expf, cosf, sinf, log1pf), which the engine calls through
+    std::exp / std::cos / ... on floats. They are not always correctly rounded (about 0.07% of expf
+    and 1% of cosf results differ from the rounded exact value), so the reference calls them too."""
+
+    def __init__(self):
+        lib = ctypes.CDLL(ctypes.util.find_library("m"))
+        self.f = {}
+        for name in ("expf", "cosf", "sinf", "log1pf"):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+            self.f[name] = np.frompyfunc(fn, 1, 1)
+
+    def __call__(self, name, x):
+        a = x.detach().float().contiguous().numpy()
+        return torch.from_numpy(self.f[name](a).astype(np.float32).reshape(a.shape))
+
+
+LIBM = _Libm()
+
+
 class RefOps:
+    exact = True
+
     def __init__(self, cfg, token_map, safetensors_path):
         self.cfg = cfg
         self.common = Common(cfg, token_map)
@@ -704,14 +746,17 @@ class RefOps:
     def rb(self, x):
         return Q.round_bf16(x.float())
 
+    def dropout(self, y):
+        return y
+
     def exp(self, x):
-        return torch.exp(x.double()).float()
+        return LIBM("expf", x)
 
     def cos(self, x):
-        return torch.cos(x.double()).float()
+        return LIBM("cosf", x)
 
     def sin(self, x):
-        return torch.sin(x.double()).float()
+        return LIBM("sinf", x)
 
     def sigmoid(self, x):
         return 1.0 / (1.0 + self.exp(-x))
@@ -820,7 +865,7 @@ class RefOps:
         x2 = x.reshape(-1, shp[-1]).float()
         S = x2.shape[0]
         logits = self.f32_linear(x2, p + "ffn.gate.weight") / float(np.float32(cfg.gate_temp))
-        sp = torch.where(logits > 20, logits, torch.log1p(torch.exp(logits.double())).float())
+        sp = torch.where(logits > 20, logits, LIBM("log1pf", self.exp(logits)))
         s = torch.sqrt(sp)
         idx = torch.topk(s + self.W[p + "ffn.gate.bias"], k, dim=-1).indices
         wsel = torch.gather(s, -1, idx)
