@@ -13,7 +13,7 @@ namespace di {
 namespace {
 
 std::filesystem::path default_model_dir() {
-  return std::filesystem::path(DEEPINFER_SOURCE_DIR) / "tests" / "data" / "golden_dev" / "model";
+  return std::filesystem::path(DEEPINFER_SOURCE_DIR) / "models" / "brown-small";  // as cli/default_model.cpp
 }
 
 // Contexts longer than this do not size the default KV capacity (a 1M-token context would ask for
