@@ -33,6 +33,7 @@ struct Ceilings {
   double bf16_tflop_s = 0;   // cuBLASLt bf16 GEMM, fp32 accumulate
   double fp8_tflop_s = 0;    // cuBLASLt e4m3 GEMM, per-tensor scales, fp32 accumulate, bf16 out
   int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
+  std::string fp8_variant;   // how the FP8 GEMM ran ("per-tensor scales", ...)
   std::string note;          // e.g. why a GEMM ceiling is missing (cuBLASLt not found)
 };
 Ceilings measure_ceilings(int64_t copy_bytes, int64_t gemm_dim, int iters);

@@ -138,76 +138,107 @@ struct Lt {
 };
 
 // One square GEMM D[m, n] = A^T B (column-major "TN", the layout FP8 needs on Hopper) through
-// cuBLASLt; returns TFLOP/s, or 0 with `why` set when cuBLASLt declines.
-double lt_gemm_tflops(Lt& lt, int64_t dim, bool fp8, int iters, std::string& why) {
+// cuBLASLt, bf16 output into a separate C/D pair; returns TFLOP/s, or 0 with `why` set when cuBLASLt
+// declines. FP8 is tried with per-tensor scale pointers (as torch._scaled_mm), then without them,
+// then with fast accumulation; `how` names the variant that ran.
+double lt_gemm_tflops(Lt& lt, int64_t dim, bool fp8, int iters, std::string& why, std::string& how) {
   const int64_t m = dim, n = dim, k = dim;
   const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
   const size_t in_size = fp8 ? 1 : 2;
-  DeviceBuffer a(m * k * in_size), b(k * n * in_size), d(m * n * 2), scales(2 * sizeof(float));
+  DeviceBuffer a(m * k * in_size), b(k * n * in_size), cbuf(m * n * 2), d(m * n * 2), scales(2 * sizeof(float));
   const size_t ws_bytes = 64u << 20;
   DeviceBuffer ws(ws_bytes);
   random_fill(a.p, m * k, fp8, 11);
   random_fill(b.p, k * n, fp8, 12);
+  random_fill(cbuf.p, m * n, false, 13);
   const float ones[2] = {1.0f, 1.0f};
   DI_CUDA_CHECK(cudaMemcpy(scales.p, ones, sizeof ones, cudaMemcpyHostToDevice));
 
   cublasLtHandle_t h = nullptr;
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  double result = 0;
-  auto fail = [&](const char* what, cublasStatus_t st) {
-    why = std::string(fp8 ? "fp8" : "bf16") + " GEMM: " + what + " returned status " + std::to_string(static_cast<int>(st));
-  };
   cublasStatus_t st = lt.create(&h);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    fail("cublasLtCreate", st);
+    why = "cublasLtCreate returned status " + std::to_string(static_cast<int>(st));
     return 0;
   }
-  do {
-    if ((st = lt.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) != CUBLAS_STATUS_SUCCESS) { fail("MatmulDescCreate", st); break; }
-    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-    lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT);
-    lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN);
-    if (fp8) {
-      const float* sa = static_cast<const float*>(scales.p);
-      const float* sb = sa + 1;
-      lt.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
-      lt.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
-    }
-    lt.layout_create(&la, in_type, k, m, k);
-    lt.layout_create(&lb, in_type, k, n, k);
-    lt.layout_create(&ld, CUDA_R_16BF, m, n, m);
-    lt.pref_create(&pref);
-    lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes);
-    cublasLtMatmulHeuristicResult_t heur{};
-    int found = 0;
-    st = lt.heuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-      fail("AlgoGetHeuristic (no algorithm)", st);
-      break;
-    }
-    const float alpha = 1.0f, beta = 0.0f;
-    cublasStatus_t run_st = CUBLAS_STATUS_SUCCESS;
-    auto run = [&] {
-      cublasStatus_t s = lt.matmul(h, desc, &alpha, a.p, la, b.p, lb, &beta, d.p, ld, d.p, ld, &heur.algo, ws.p,
-                                   ws_bytes, 0);
-      if (s != CUBLAS_STATUS_SUCCESS) run_st = s;
+  double result = 0;
+  struct Variant {
+    const char* name;
+    bool scales, fast_accum;
+  };
+  const std::vector<Variant> variants = fp8 ? std::vector<Variant>{{"per-tensor scales", true, false},
+                                                                    {"no scales", false, false},
+                                                                    {"no scales, fast accumulation", false, true}}
+                                             : std::vector<Variant>{{"", false, false}};
+  for (const Variant& v : variants) {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    auto fail = [&](const char* what, cublasStatus_t s2) {
+      why += std::string(why.empty() ? "" : "; ") + (fp8 ? "fp8" : "bf16") + " GEMM" + (v.name[0] ? " (" : "") + v.name +
+             (v.name[0] ? ")" : "") + ": " + what + " returned status " + std::to_string(static_cast<int>(s2));
     };
-    const double ms = median_ms(run, 3, iters);
-    if (run_st != CUBLAS_STATUS_SUCCESS) {
-      fail("cublasLtMatmul", run_st);
-      break;
-    }
-    result = 2.0 * static_cast<double>(m) * n * k / (ms * 1e-3) / 1e12;
-  } while (false);
-  if (pref) lt.pref_destroy(pref);
-  if (la) lt.layout_destroy(la);
-  if (lb) lt.layout_destroy(lb);
-  if (ld) lt.layout_destroy(ld);
-  if (desc) lt.desc_destroy(desc);
+    do {
+      if ((st = lt.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) != CUBLAS_STATUS_SUCCESS) {
+        fail("MatmulDescCreate", st);
+        break;
+      }
+      const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+      lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT);
+      lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN);
+      if (v.scales) {
+        const float* sa = static_cast<const float*>(scales.p);
+        const float* sb = sa + 1;
+        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
+        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
+      }
+      if (v.fast_accum) {
+        const int8_t on = 1;
+        lt.desc_set(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof on);
+      }
+      lt.layout_create(&la, in_type, k, m, k);
+      lt.layout_create(&lb, in_type, k, n, k);
+      lt.layout_create(&lc, CUDA_R_16BF, m, n, m);
+      lt.pref_create(&pref);
+      lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes);
+      cublasLtMatmulHeuristicResult_t heur{};
+      int found = 0;
+      st = lt.heuristic(h, desc, la, lb, lc, lc, pref, 1, &heur, &found);
+      if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+        fail("AlgoGetHeuristic (no algorithm)", st);
+        break;
+      }
+      const float alpha = 1.0f, beta = 0.0f;
+      cublasStatus_t run_st = CUBLAS_STATUS_SUCCESS;
+      auto run = [&] {
+        cublasStatus_t s2 = lt.matmul(h, desc, &alpha, a.p, la, b.p, lb, &beta, cbuf.p, lc, d.p, lc, &heur.algo, ws.p,
+                                      ws_bytes, 0);
+        if (s2 != CUBLAS_STATUS_SUCCESS) run_st = s2;
+      };
+      run();
+      DI_CUDA_CHECK(cudaDeviceSynchronize());
+      if (run_st != CUBLAS_STATUS_SUCCESS) {
+        fail("cublasLtMatmul", run_st);
+        break;
+      }
+      const double ms = median_ms(run, 3, iters);
+      if (run_st != CUBLAS_STATUS_SUCCESS) {
+        fail("cublasLtMatmul", run_st);
+        break;
+      }
+      result = 2.0 * static_cast<double>(m) * n * k / (ms * 1e-3) / 1e12;
+      how = v.name;
+    } while (false);
+    if (pref) lt.pref_destroy(pref);
+    if (la) lt.layout_destroy(la);
+    if (lb) lt.layout_destroy(lb);
+    if (lc) lt.layout_destroy(lc);
+    if (desc) lt.desc_destroy(desc);
+    cudaGetLastError();  // a declined variant leaves no sticky error behind
+    if (result > 0) break;
+  }
   lt.destroy(h);
   DI_CUDA_CHECK(cudaDeviceSynchronize());
+  if (result > 0) why.clear();
   return result;
 }
 
@@ -228,10 +259,11 @@ Ceilings measure_ceilings(int64_t copy_bytes, int64_t gemm_dim, int iters) {
   Lt lt;
   std::string why = lt.load();
   if (why.empty()) {
-    std::string w1, w2;
-    c.bf16_tflop_s = lt_gemm_tflops(lt, gemm_dim, false, iters, w1);
-    c.fp8_tflop_s = lt_gemm_tflops(lt, gemm_dim, true, iters, w2);
+    std::string w1, w2, how1, how2;
+    c.bf16_tflop_s = lt_gemm_tflops(lt, gemm_dim, false, iters, w1, how1);
+    c.fp8_tflop_s = lt_gemm_tflops(lt, gemm_dim, true, iters, w2, how2);
     why = w1 + (w1.empty() || w2.empty() ? "" : "; ") + w2;
+    if (c.fp8_tflop_s > 0) c.fp8_variant = how2;
   }
   c.note = why;
   return c;
