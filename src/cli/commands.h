@@ -19,6 +19,5 @@ int cmd_encode_chat(const Argv& args);      // cmd_encode_chat.cpp
 int cmd_parse_completion(const Argv& args); // cmd_parse_completion.cpp
 int cmd_write_checkpoint(const Argv& args); // cmd_write_checkpoint.cpp
 int cmd_bench(const Argv& args);            // cmd_bench.cpp
-int cmd_bench(const Argv& args);            // cmd_bench.cpp
 
 }  // namespace di::cli

@@ -24,7 +24,6 @@ const Command kCommands[] = {
     {"parse-completion", di::cli::cmd_parse_completion, "split completion text into reasoning, content, tool calls"},
     {"write-checkpoint", di::cli::cmd_write_checkpoint, "write a random checkpoint in the released format"},
     {"bench", di::cli::cmd_bench, "time decode and prefill per layer and per op against measured ceilings"},
-    {"bench", di::cli::cmd_bench, "time decode and prefill per layer and per op against measured ceilings"},
 };
 
 void usage(FILE* out) {
