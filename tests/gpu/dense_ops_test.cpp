@@ -255,6 +255,9 @@ TEST_F(DenseOps, LinearDecodeShapes) {
     check_linear(*this, WeightMode::kFp4Expert, DType::kI8, s, 520, 4096);
   }
   check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, 3, 32768 / 16, 1280);
+  // more row blocks than resident CTAs (no K split) and K longer than one staged activation chunk
+  check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, 2, 128 * 420, 2560);
+  check_linear(*this, WeightMode::kFp4Expert, DType::kI8, 1, 128 * 420, 2560);
 }
 
 TEST_F(DenseOps, LinearBf16) {

@@ -146,10 +146,7 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const MoeRoute& route, const st
   float* up = workspace_as<float>(Ws::kMoeUp, static_cast<size_t>(n * inter));
   moe::GroupedArgs a1{xc, xs, lists.tok_of, lists, static_cast<int>((inter + mma::kCtaRows - 1) / mma::kCtaRows),
                       static_cast<int>(inter), static_cast<int>(d), static_cast<int>(n)};
-  const dense::SplitPlan p1 = dense::plan_split(2LL * a1.row_ctas * slots, d / 32, nt);
-  float* partial = p1.splits > 1 ? workspace_as<float>(Ws::kPartial, static_cast<size_t>(2 * p1.splits * n * inter)) : nullptr;
-  unsigned* counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(2 * a1.row_ctas * slots));
-  moe::grouped_fp4_gemm(a1, tables, gate, tables + n_exp, up, slots, nt, p1.splits, p1.kb_per_split, partial, counters);
+  moe::grouped_fp4_gemm(a1, tables, gate, tables + n_exp, up, slots, nt);
 
   // h = SwiGLU x routing weight, FP8-quantized for the down projection
   uint8_t* hc = workspace_as<uint8_t>(Ws::kMoeHCodes, static_cast<size_t>(n * inter));
@@ -159,11 +156,7 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const MoeRoute& route, const st
   float* down = workspace_as<float>(Ws::kMoeDown, static_cast<size_t>(n * d));
   moe::GroupedArgs a2{hc, hs, nullptr, lists, static_cast<int>((d + mma::kCtaRows - 1) / mma::kCtaRows),
                       static_cast<int>(d), static_cast<int>(inter), static_cast<int>(n)};
-  const dense::SplitPlan p2 = dense::plan_split(static_cast<int64_t>(a2.row_ctas) * slots, inter / 32, nt);
-  partial = p2.splits > 1 ? workspace_as<float>(Ws::kPartial, static_cast<size_t>(p2.splits * n * d)) : nullptr;
-  counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(a2.row_ctas * slots));
-  moe::grouped_fp4_gemm(a2, tables + 2 * n_exp, down, nullptr, nullptr, slots, nt, p2.splits, p2.kb_per_split, partial,
-                        counters);
+  moe::grouped_fp4_gemm(a2, tables + 2 * n_exp, down, nullptr, nullptr, slots, nt);
 
   Tensor ys = run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit);
   DI_CHECK(ys.rows() == s && ys.row_size() == d);

@@ -61,14 +61,17 @@ __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, u
   if (lane == 0) scales[blk] = e8m0_to_float(dq::e8m0_byte(e));
 }
 
-// y[M, N] = bf16(x W^T) for FP8 block / MXFP4 weights from the quantized activation xc / xs.
-// Bytes per launch: the weight and its scales once (M <= 64), M*K*(1 + 4/32) activation bytes per
-// 128 output features (L2), 4*M*N written, plus 8*splits*M*N of partials (L2) when K is split.
+// y[M, N] = bf16(x W^T) for FP8 block / MXFP4 weights. The activation comes quantized (xc / xs) or,
+// for small batches, as fp32 x that each CTA quantizes while staging it (no second launch).
+// Bytes per launch: the weight and its scales once (M <= 64), the activation per 128 output
+// features (L2), 4*M*N written, plus 8*splits*M*N of partial sums (L2) when K is split. The split
+// partials are summed in split order by the last CTA of a row block (`fixup`, small M*splits) or by
+// reduce_splits_kernel.
 template <mma::WFmt F, int NT>
 __global__ void __launch_bounds__(mma::kThreads)
-    quantized_linear_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, int M,
-                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ wscale, int64_t scale_cols,
-                            int N, int K, int kb_per_split, float* __restrict__ partial, unsigned* __restrict__ counters,
+    quantized_linear_kernel(mma::ActSource src, int M, const uint8_t* __restrict__ w,
+                            const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int kb_per_split,
+                            bool fixup, float* __restrict__ partial, unsigned* __restrict__ counters,
                             float* __restrict__ y) {
   using namespace mma;
   const int warp = threadIdx.x >> 5;
@@ -77,9 +80,8 @@ __global__ void __launch_bounds__(mma::kThreads)
   const int count = min(kTokTile, M - t0);
   const int nb = K / 32, split = blockIdx.y, splits = gridDim.y;
   const int kb0 = split * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
-  const TokenRows<NT> tok = token_rows<NT>(count, K, [&](int i) { return t0 + i; });
   float acc[2][NT][4] = {};
-  if (row0 < N) warp_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, xc, xs, tok, acc);
+  cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, acc);
   if (splits == 1) {
     for_each_acc(acc, row0, N, count,
                  [&](int r, int t, float v) { y[static_cast<int64_t>(t0 + t) * N + r] = dq::round_bf16(v); });
@@ -88,33 +90,70 @@ __global__ void __launch_bounds__(mma::kThreads)
   for_each_acc(acc, row0, N, count, [&](int r, int t, float v) {
     partial[(static_cast<int64_t>(split) * M + t0 + t) * N + r] = v;
   });
-  if (!split_last_arrival(counters + blockIdx.z * gridDim.x + blockIdx.x, splits)) return;
+  if (!fixup || !split_last_arrival(counters + blockIdx.z * gridDim.x + blockIdx.x, splits)) return;
   const int r = blockIdx.x * kCtaRows + threadIdx.x;
   if (r >= N) return;
-  for (int t = 0; t < count; ++t) {
-    float s = 0.0f;
-    for (int sp = 0; sp < splits; ++sp) s += __ldcg(partial + (static_cast<int64_t>(sp) * M + t0 + t) * N + r);
-    y[static_cast<int64_t>(t0 + t) * N + r] = dq::round_bf16(s);
+  for (int t = 0; t < count; ++t)
+    y[static_cast<int64_t>(t0 + t) * N + r] =
+        dq::round_bf16(sum_splits(partial + static_cast<int64_t>(t0 + t) * N + r, static_cast<int64_t>(M) * N, splits));
+}
+
+// y[i] = bf16(sum over splits of partial[sp][i]), i < M*N, in split order.
+__global__ void reduce_splits_kernel(const float* __restrict__ partial, int splits, int64_t mn, float* __restrict__ y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < mn) y[i] = dq::round_bf16(mma::sum_splits(partial + i, mn, splits));
+}
+
+// CTAs of one instantiation resident per SM (for the split planning).
+template <mma::WFmt F, int NT>
+int resident_ctas() {
+  static const int n = [] {
+    int v = 0;
+    DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, quantized_linear_kernel<F, NT>, mma::kThreads, 0));
+    return std::max(v, 1);
+  }();
+  return n;
+}
+
+int sm_count();
+
+template <mma::WFmt F, int NT>
+void launch_quantized(const float* x, int64_t M, const Weight& w, float* y) {
+  const int64_t K = w.cols, N = w.rows, nb = K / 32;
+  mma::ActSource src{nullptr, nullptr, x};
+  if (NT > 2) {  // larger batches: quantize once in a prologue instead of once per 128 outputs
+    uint8_t* codes = workspace_as<uint8_t>(Ws::kActCodes, static_cast<size_t>(M * K));
+    float* scales = workspace_as<float>(Ws::kActScales, static_cast<size_t>(M * nb));
+    quantize_activation(x, M, K, codes, scales);
+    src = mma::ActSource{codes, scales, nullptr};
+  }
+  const int64_t row_ctas = (N + mma::kCtaRows - 1) / mma::kCtaRows, chunks = (M + mma::kTokTile - 1) / mma::kTokTile;
+  const SplitPlan plan = plan_split(row_ctas * chunks, nb, NT, resident_ctas<F, NT>() * sm_count());
+  const bool fixup = std::min<int64_t>(M, mma::kTokTile) * plan.splits <= 32;
+  float* partial = nullptr;
+  unsigned* counters = nullptr;
+  if (plan.splits > 1) {
+    partial = workspace_as<float>(Ws::kPartial, static_cast<size_t>(plan.splits * M * N));
+    if (fixup) counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(row_ctas * chunks));
+  }
+  const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(chunks));
+  quantized_linear_kernel<F, NT><<<grid, mma::kThreads>>>(src, static_cast<int>(M), wdata(w), wscale(w), w.scale_cols,
+                                                          static_cast<int>(N), static_cast<int>(K), plan.kb_per_split,
+                                                          fixup, partial, counters, y);
+  DI_CUDA_LAUNCH_CHECK();
+  if (plan.splits > 1 && !fixup) {
+    reduce_splits_kernel<<<blocks_for(M * N, 256), 256>>>(partial, plan.splits, M * N, y);
+    DI_CUDA_LAUNCH_CHECK();
   }
 }
 
-template <mma::WFmt F, int NT>
-void launch_quantized(const uint8_t* xc, const float* xs, int M, const Weight& w, dim3 grid, int kb_per_split,
-                      float* partial, unsigned* counters, float* y) {
-  quantized_linear_kernel<F, NT><<<grid, mma::kThreads>>>(xc, xs, M, wdata(w), wscale(w), w.scale_cols,
-                                                          static_cast<int>(w.rows), static_cast<int>(w.cols),
-                                                          kb_per_split, partial, counters, y);
-  DI_CUDA_LAUNCH_CHECK();
-}
-
 template <mma::WFmt F>
-void launch_quantized_nt(int nt, const uint8_t* xc, const float* xs, int M, const Weight& w, dim3 grid,
-                         int kb_per_split, float* partial, unsigned* counters, float* y) {
+void launch_quantized_nt(int nt, const float* x, int64_t M, const Weight& w, float* y) {
   switch (nt) {
-    case 1: return launch_quantized<F, 1>(xc, xs, M, w, grid, kb_per_split, partial, counters, y);
-    case 2: return launch_quantized<F, 2>(xc, xs, M, w, grid, kb_per_split, partial, counters, y);
-    case 4: return launch_quantized<F, 4>(xc, xs, M, w, grid, kb_per_split, partial, counters, y);
-    default: return launch_quantized<F, 8>(xc, xs, M, w, grid, kb_per_split, partial, counters, y);
+    case 1: return launch_quantized<F, 1>(x, M, w, y);
+    case 2: return launch_quantized<F, 2>(x, M, w, y);
+    case 4: return launch_quantized<F, 4>(x, M, w, y);
+    default: return launch_quantized<F, 8>(x, M, w, y);
   }
 }
 
@@ -281,13 +320,14 @@ void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes
   DI_CUDA_LAUNCH_CHECK();
 }
 
-SplitPlan plan_split(int64_t tiles, int64_t nb, int nt) {
+SplitPlan plan_split(int64_t tiles, int64_t nb, int nt, int64_t capacity) {
   SplitPlan p;
-  const int64_t want = 4LL * sm_count();  // CTAs that keep every SM streaming
-  if (tiles < want && nb > 1) {
-    // each split keeps >= max(4, 2*nt) K blocks, so its weight bytes outweigh its partial sums
-    const int64_t min_kb = std::max(4, 2 * nt);
-    p.splits = static_cast<int>(std::clamp<int64_t>((want + tiles - 1) / tiles, 1, std::max<int64_t>(1, nb / min_kb)));
+  // Split K only while the split CTAs still fit in one wave of resident CTAs (a partly filled second
+  // wave costs more than it gives), each split keeping >= max(8, 2 nt) K blocks so its weight bytes
+  // outweigh its partial sums.
+  if (tiles < capacity && nb > 1) {
+    const int64_t min_kb = std::max(8, 2 * nt);
+    p.splits = static_cast<int>(std::clamp<int64_t>(capacity / tiles, 1, std::max<int64_t>(1, nb / min_kb)));
   }
   p.kb_per_split = static_cast<int>((nb + p.splits - 1) / p.splits);
   p.splits = static_cast<int>((nb + p.kb_per_split - 1) / p.kb_per_split);
@@ -307,26 +347,10 @@ void quantized_linear(const float* x, int64_t S, const Weight& w, float* y) {
   DI_CHECK_MSG(K % 32 == 0, "FP8 linear needs K divisible by 32");
   DI_CHECK_MSG(S * K < (1LL << 31) && N < (1LL << 30) && (S + 63) / 64 <= 65535, "linear: shape too large");
   if (S == 0 || N == 0) return;
-  const int64_t nb = K / 32;
-  uint8_t* codes = workspace_as<uint8_t>(Ws::kActCodes, static_cast<size_t>(S * K));
-  float* scales = workspace_as<float>(Ws::kActScales, static_cast<size_t>(S * nb));
-  quantize_activation(x, S, K, codes, scales);
-  const int64_t row_ctas = (N + mma::kCtaRows - 1) / mma::kCtaRows, chunks = (S + mma::kTokTile - 1) / mma::kTokTile;
-  const int nt = nt_for(S);
-  const SplitPlan plan = plan_split(row_ctas * chunks, nb, nt);
-  float* partial = nullptr;
-  unsigned* counters = nullptr;
-  if (plan.splits > 1) {
-    partial = workspace_as<float>(Ws::kPartial, static_cast<size_t>(plan.splits * S * N));
-    counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(row_ctas * chunks));
-  }
-  const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(chunks));
   if (w.mode == WeightMode::kFp8Block)
-    launch_quantized_nt<mma::WFmt::kFp8Block>(nt, codes, scales, static_cast<int>(S), w, grid, plan.kb_per_split,
-                                              partial, counters, y);
+    launch_quantized_nt<mma::WFmt::kFp8Block>(nt_for(S), x, S, w, y);
   else
-    launch_quantized_nt<mma::WFmt::kFp4Row>(nt, codes, scales, static_cast<int>(S), w, grid, plan.kb_per_split,
-                                            partial, counters, y);
+    launch_quantized_nt<mma::WFmt::kFp4Row>(nt_for(S), x, S, w, y);
 }
 
 void float_linear(const float* x, int64_t S, const Weight& w, bool bf16_out, float* y) {

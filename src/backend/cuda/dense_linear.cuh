@@ -19,12 +19,12 @@ void quantized_linear(const float* x, int64_t rows, const Weight& w, float* y);
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);
 
 // How a quantized GEMM splits K across CTAs: `tiles` independent CTA tiles (row blocks x token
-// tiles), nb K blocks, nt n8 token tiles per warp.
+// tiles), nb K blocks, nt n8 token tiles per warp, `capacity` CTAs resident on the whole GPU.
 struct SplitPlan {
   int splits = 1;
   int kb_per_split = 0;
 };
-SplitPlan plan_split(int64_t tiles, int64_t nb, int nt);
+SplitPlan plan_split(int64_t tiles, int64_t nb, int nt, int64_t capacity);
 
 // n8 token tiles per warp for up to `tokens` tokens per tile (1, 2, 4 or 8).
 int nt_for(int64_t tokens);

@@ -6,7 +6,9 @@
 //
 // Swap-AB: the weight is the MMA's A operand (16 output features x 32 K), the activation its B
 // operand (8 tokens x 32 K), so one weight byte serves up to 8 * NT tokens. A warp owns 32 output
-// features (two m16 tiles; one FP8 scale row block) and up to 64 tokens (NT n8 tiles).
+// features (two m16 tiles; one FP8 scale row block) and up to 64 tokens (NT n8 tiles); the CTA's
+// four warps share the activation, staged in shared memory (and quantized there for small batches),
+// and stream their weight rows through a two-stage register pipeline.
 //
 // K permutation: lane (g = lane / 4, q = lane % 4) feeds the MMA with the physical K bytes
 // [8q, 8q + 8) of its rows / token (first 4 bytes in fragment register 0 / 2, the next 4 in 1 / 3).
@@ -23,6 +25,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_quant.cuh"
 
 namespace di::cuda::mma {
 
@@ -61,48 +64,47 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f), "f"(0.0f), "f"(0.0f));
 }
 
-// Where a warp's tokens live. Per lane: xoff[nt] = byte offset of token (nt*8 + g)'s activation row
-// plus 8q (-1: no token), soff[nt][j] = element offset of token (nt*8 + 2q + j)'s scale row (-1: none).
+// Per token-tile width: K blocks of activation staged in shared memory at a time (codes row stride
+// = 32 mod 128 bytes, so a warp's 8-byte B-fragment reads are conflict-free), and K blocks of weight
+// per register pipeline stage (two stages: the next one loads while this one computes).
 template <int NT>
-struct TokenRows {
-  int xoff[NT];
-  int soff[NT][2];
-  int nt_active;  // n8 tiles holding at least one token (warp-uniform)
+struct TileShape {
+  static constexpr int kChunk = NT <= 2 ? 64 : (NT == 4 ? 32 : 16);
+  static constexpr int kRows = 8 * NT;
+  static constexpr int kCodeStride = kChunk * 32 + 32;
+  static constexpr int kScaleStride = kChunk + 1;
+};
+template <WFmt F, int NT>
+inline constexpr int kStageBlocks = F == WFmt::kFp8Block ? (NT <= 2 ? 4 : 2) : (NT <= 2 ? 8 : 4);
+
+// The tile's activation: pre-quantized E4M3 codes [*, K] and scales [*, K/32] (xc, xs), or fp32 rows
+// (x) that the tile quantizes itself while staging (bit-exact with dense::quantize_activation).
+struct ActSource {
+  const uint8_t* xc;
+  const float* xs;
+  const float* x;
 };
 
-// act_row(i) -> activation row of the i-th token of the tile (i < count), count <= 8 * NT.
-template <int NT, class ActRow>
-__device__ __forceinline__ TokenRows<NT> token_rows(int count, int K, const ActRow& act_row) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, nb = K / 32;
-  TokenRows<NT> t;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int i = nt * 8 + g;
-    t.xoff[nt] = i < count ? act_row(i) * K + 8 * q : -1;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int c = nt * 8 + 2 * q + j;
-      t.soff[nt][j] = c < count ? act_row(c) * nb : -1;
-    }
-  }
-  t.nt_active = (count + 7) / 8;
-  return t;
-}
-
-// The warp's fp32 accumulators over K blocks [kb0, kb1): acc[mt][nt][i] is output feature
-// row0 + 16 mt + g (+8 for i >= 2) and token nt*8 + 2q + (i & 1) of the tile. w: row-major weight
-// [N, K] (FP8 codes, or E2M1 pairs with the even column in the low nibble); wscale: E8M0 scales,
-// [ceil(N/32), scale_cols] (FP8) or [N, scale_cols] (FP4); xc / xs: activation E4M3 codes [*, K] and
-// their scales as floats [*, K/32].
-template <WFmt F, int NT>
-__device__ __forceinline__ void warp_tile(const uint8_t* __restrict__ w, const uint8_t* __restrict__ wscale,
-                                          int64_t scale_cols, int N, int K, int row0, int kb0, int kb1,
-                                          const uint8_t* __restrict__ xc, const float* __restrict__ xs,
-                                          const TokenRows<NT>& tok, float (&acc)[2][NT][4]) {
-  constexpr int kU = NT >= 4 ? 2 : 4;  // K blocks loaded ahead of their first use
-  constexpr int kRowBytesDiv = F == WFmt::kFp8Block ? 1 : 2;
-  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int64_t row_bytes = K / kRowBytesDiv;
+// One CTA's fp32 accumulators over K blocks [kb0, kb1) for tokens 0 .. count-1 (count <= 8 NT;
+// act_row(i) = the activation row of token i). Every thread of the CTA must call it (it stages the
+// activation chunk by chunk with __syncthreads). Per warp: acc[mt][nt][i] is output feature
+// row0 + 16 mt + g (+8 for i >= 2) and token nt*8 + 2q + (i & 1). w: row-major weight [N, K] (FP8
+// codes, or E2M1 pairs with the even column in the low nibble); wscale: E8M0 scales, [ceil(N/32),
+// scale_cols] (FP8) or [N, scale_cols] (FP4).
+template <WFmt F, int NT, class ActRow>
+__device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const uint8_t* __restrict__ wscale,
+                                         int64_t scale_cols, int N, int K, int row0, int kb0, int kb1,
+                                         const ActSource& src, int count, const ActRow& act_row,
+                                         float (&acc)[2][NT][4]) {
+  using Shape = TileShape<NT>;
+  constexpr int C = Shape::kChunk, S = Shape::kCodeStride, SS = Shape::kScaleStride;
+  constexpr int U = kStageBlocks<F, NT>;
+  constexpr int W = F == WFmt::kFp8Block ? 2 : 1;  // 32-bit weight words per (block, row) per lane
+  __shared__ __align__(16) uint8_t sx[Shape::kRows * S];
+  __shared__ float ss[Shape::kRows * SS];
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, warp = threadIdx.x >> 5;
+  const int nt_active = (count + 7) / 8, rows_pad = 8 * nt_active, nb = K / 32;
+  const int64_t row_bytes = F == WFmt::kFp8Block ? K : K / 2;
   const uint8_t* wr[2][2];
   const uint8_t* sr[2][2];
   bool ok[2][2];
@@ -114,77 +116,133 @@ __device__ __forceinline__ void warp_tile(const uint8_t* __restrict__ w, const u
       ok[mt][h] = r < N;
       const int rr = ok[mt][h] ? r : 0;
       wr[mt][h] = w + rr * row_bytes + (F == WFmt::kFp8Block ? 8 * q : 4 * q);
-      sr[mt][h] = wscale + (F == WFmt::kFp8Block ? static_cast<int64_t>(row0 / 32) : static_cast<int64_t>(rr)) * scale_cols;
+      // FP8: the warp's 32-row scale block (block 0 for a warp past N, whose results are dropped)
+      sr[mt][h] = wscale + (F == WFmt::kFp8Block ? static_cast<int64_t>(row0 < N ? row0 / 32 : 0) : static_cast<int64_t>(rr)) * scale_cols;
     }
-  for (int kb = kb0; kb < kb1; kb += kU) {
-    uint32_t a[kU][2][4];
-    if constexpr (F == WFmt::kFp8Block) {
+  // weight words of K blocks kb .. kb+U-1 (zero past kb1 / N)
+  auto load = [&](uint32_t (&a)[U][2][2][W], int kb) {
 #pragma unroll
-      for (int u = 0; u < kU; ++u)
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint2 v = kb + u < kb1 && ok[mt][h] ? ld_stream8(wr[mt][h] + (kb + u) * 32) : make_uint2(0u, 0u);
-            a[u][mt][h] = v.x;      // row g (h = 0) / g + 8 (h = 1), bytes 8q .. 8q+3
-            a[u][mt][2 + h] = v.y;  // bytes 8q+4 .. 8q+7
+        for (int h = 0; h < 2; ++h) {
+          const bool in = kb + u < kb1 && ok[mt][h];
+          if constexpr (F == WFmt::kFp8Block) {
+            const uint2 v = in ? ld_stream8(wr[mt][h] + (kb + u) * 32) : make_uint2(0u, 0u);
+            a[u][mt][h][0] = v.x;  // row 16 mt + 8 h + g, bytes 8q .. 8q+3 of the block
+            a[u][mt][h][W - 1] = v.y;  // bytes 8q+4 .. 8q+7
+          } else {
+            a[u][mt][h][0] = in ? __ldg(reinterpret_cast<const uint32_t*>(wr[mt][h] + (kb + u) * 16)) : 0u;
           }
+        }
+  };
+  uint32_t cur[U][2][2][W], nxt[U][2][2][W] = {};
+  load(cur, kb0);  // in flight while the first activation chunk is staged
+  for (int kc = kb0; kc < kb1; kc += C) {
+    const int nkc = min(C, kb1 - kc);
+    __syncthreads();  // the previous chunk's readers are done
+    if (src.x) {      // quantize fp32 rows: one warp per 32-value block
+      for (int b = warp; b < rows_pad * nkc; b += kWarps) {
+        const int r = b / nkc, c = b - r * nkc;
+        uint8_t code = 0;
+        float scale = 0.0f;
+        if (r < count) {
+          const float v = src.x[static_cast<int64_t>(act_row(r)) * K + (kc + c) * 32 + lane];
+          const int e = dq::round_scale_exponent(dq::group_amax<32>(v, dq::kFp8AmaxFloor), dq::kFp8MaxInv);
+          code = dq::fp8_code(v, dq::scale_from_exponent(e));
+          scale = e8m0_to_float(dq::e8m0_byte(e));
+        }
+        sx[r * S + c * 32 + lane] = code;
+        if (lane == 0) ss[r * SS + c] = scale;
+      }
     } else {
-      uint32_t raw[kU][2][2];
+      for (int i = threadIdx.x; i < rows_pad * nkc * 2; i += kThreads) {
+        const int r = i / (2 * nkc), c = i - r * 2 * nkc;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < count) v = __ldg(reinterpret_cast<const uint4*>(src.xc + static_cast<int64_t>(act_row(r)) * K + kc * 32 + c * 16));
+        *reinterpret_cast<uint4*>(sx + r * S + c * 16) = v;
+      }
+      for (int i = threadIdx.x; i < rows_pad * nkc; i += kThreads) {
+        const int r = i / nkc, c = i - r * nkc;
+        ss[r * SS + c] = r < count ? __ldg(src.xs + static_cast<int64_t>(act_row(r)) * nb + kc + c) : 0.0f;
+      }
+    }
+    __syncthreads();
+    for (int kb = kc; kb < kc + nkc; kb += U) {
+      if (kb + U < kb1) load(nxt, kb + U);
 #pragma unroll
-      for (int u = 0; u < kU; ++u)
+      for (int u = 0; u < U; ++u) {
+        const int k = kb + u;
+        if (k >= kc + nkc) break;
+        float ws[2][2];  // [mt][h]: the scale of rows 16 mt + 8 h + g
+        if constexpr (F == WFmt::kFp8Block) {
+          const float s = e8m0_to_float(__ldg(sr[0][0] + k));  // one 32-row block per warp
+          ws[0][0] = ws[0][1] = ws[1][0] = ws[1][1] = s;
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) ws[mt][h] = e8m0_to_float(__ldg(sr[mt][h] + k));
+        }
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          if constexpr (F == WFmt::kFp8Block) {
+            a[mt][0] = cur[u][mt][0][0];
+            a[mt][1] = cur[u][mt][1][0];
+            a[mt][2] = cur[u][mt][0][W - 1];
+            a[mt][3] = cur[u][mt][1][W - 1];
+          } else {  // 8 codes of the lane's row: the low 4 feed register 0 / 1, the high 4 register 2 / 3
+            a[mt][0] = e2m1x4_to_e4m3x4(cur[u][mt][0][0]);
+            a[mt][1] = e2m1x4_to_e4m3x4(cur[u][mt][1][0]);
+            a[mt][2] = e2m1x4_to_e4m3x4(cur[u][mt][0][0] >> 16);
+            a[mt][3] = e2m1x4_to_e4m3x4(cur[u][mt][1][0] >> 16);
+          }
+        }
+        const int kk = k - kc;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          if (nt >= nt_active) break;
+          const uint2 b = *reinterpret_cast<const uint2*>(sx + (nt * 8 + g) * S + kk * 32 + 8 * q);
+          const float s0 = ss[(nt * 8 + 2 * q) * SS + kk], s1 = ss[(nt * 8 + 2 * q + 1) * SS + kk];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            float d[4];
+            mma_e4m3(d, a[mt], b.x, b.y);
+            // partial * (act scale * weight scale): both powers of two, so this is the CPU's
+            // (partial * xs) * ws unless an intermediate leaves the normal range
+            acc[mt][nt][0] = fmaf(d[0], s0 * ws[mt][0], acc[mt][nt][0]);
+            acc[mt][nt][1] = fmaf(d[1], s1 * ws[mt][0], acc[mt][nt][1]);
+            acc[mt][nt][2] = fmaf(d[2], s0 * ws[mt][1], acc[mt][nt][2]);
+            acc[mt][nt][3] = fmaf(d[3], s1 * ws[mt][1], acc[mt][nt][3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            raw[u][mt][h] = kb + u < kb1 && ok[mt][h]
-                                ? __ldg(reinterpret_cast<const uint32_t*>(wr[mt][h] + (kb + u) * 16))
-                                : 0u;
 #pragma unroll
-      for (int u = 0; u < kU; ++u)
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            a[u][mt][h] = e2m1x4_to_e4m3x4(raw[u][mt][h]);
-            a[u][mt][2 + h] = e2m1x4_to_e4m3x4(raw[u][mt][h] >> 16);
-          }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int k = kb + u;
-      if (k >= kb1) break;
-      float ws[2][2];  // [mt][h]: the scale of rows 16 mt + 8 h + g
-      if constexpr (F == WFmt::kFp8Block) {
-        const float s = e8m0_to_float(__ldg(sr[0][0] + k));  // one 32-row block per warp
-        ws[0][0] = ws[0][1] = ws[1][0] = ws[1][1] = s;
-      } else {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) ws[mt][h] = e8m0_to_float(__ldg(sr[mt][h] + k));
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        if (nt >= tok.nt_active) break;
-        const uint2 b = tok.xoff[nt] >= 0 ? __ldg(reinterpret_cast<const uint2*>(xc + tok.xoff[nt] + k * 32))
-                                          : make_uint2(0u, 0u);
-        const float s0 = tok.soff[nt][0] >= 0 ? __ldg(xs + tok.soff[nt][0] + k) : 0.0f;
-        const float s1 = tok.soff[nt][1] >= 0 ? __ldg(xs + tok.soff[nt][1] + k) : 0.0f;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          float d[4];
-          mma_e4m3(d, a[u][mt], b.x, b.y);
-          // partial * (act scale * weight scale): both powers of two, so this is the CPU's
-          // (partial * xs) * ws unless an intermediate leaves the normal range
-          acc[mt][nt][0] = fmaf(d[0], s0 * ws[mt][0], acc[mt][nt][0]);
-          acc[mt][nt][1] = fmaf(d[1], s1 * ws[mt][0], acc[mt][nt][1]);
-          acc[mt][nt][2] = fmaf(d[2], s0 * ws[mt][1], acc[mt][nt][2]);
-          acc[mt][nt][3] = fmaf(d[3], s1 * ws[mt][1], acc[mt][nt][3]);
-        }
-      }
+            for (int j = 0; j < W; ++j) cur[u][mt][h][j] = nxt[u][mt][h][j];
     }
   }
+}
+
+// sum_{sp < splits} p[sp * split_stride] in split order, 8 loads in flight (L2: other CTAs wrote them).
+__device__ __forceinline__ float sum_splits(const float* p, int64_t split_stride, int splits) {
+  float s = 0.0f;
+  for (int sp0 = 0; sp0 < splits; sp0 += 8) {
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = sp0 + j < splits ? __ldcg(p + static_cast<int64_t>(sp0 + j) * split_stride) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (sp0 + j < splits) s += v[j];
+  }
+  return s;
 }
 
 // Visits the warp's accumulators: f(row, token index in the tile, value) for rows < N, tokens < count.

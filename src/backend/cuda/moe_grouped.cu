@@ -12,6 +12,8 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
+#include "backend/cuda/dense_linear.cuh"
+#include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/moe_elem.cuh"
 #include "backend/cuda/moe_kernels.cuh"
@@ -112,7 +114,7 @@ __global__ void __launch_bounds__(mma::kThreads)
                        int kb_per_split, float* __restrict__ partial, unsigned* __restrict__ counters) {
   using namespace mma;
   const int slot = blockIdx.z;
-  if (slot >= *l.n_active) return;
+  if (slot >= *l.n_active) return;  // the whole CTA (and its split siblings) leave
   const int e = l.active[slot];
   const int mat = blockIdx.x / row_ctas, rc = blockIdx.x % row_ctas;
   const GroupedMat m = mat ? m1 : m0;
@@ -123,12 +125,12 @@ __global__ void __launch_bounds__(mma::kThreads)
   const int nb = K / 32, split = blockIdx.y, splits = gridDim.y;
   const int kb0 = split * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
   float* part = partial + static_cast<int64_t>(mat * splits + split) * n_rows * N;
+  const ActSource src{xc, xs, nullptr};
   for (int c0 = 0; c0 < n_e; c0 += 8 * NT) {
     const int count = min(8 * NT, n_e - c0), pc = p0 + c0;
-    const TokenRows<NT> tok =
-        token_rows<NT>(count, K, [&](int i) { return act_row_of ? __ldg(act_row_of + pc + i) : pc + i; });
     float acc[2][NT][4] = {};
-    if (row0 < N) warp_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, kb0, kb1, xc, xs, tok, acc);
+    cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, kb0, kb1, src, count,
+                                [&](int i) { return act_row_of ? __ldg(act_row_of + pc + i) : pc + i; }, acc);
     if (splits == 1)
       for_each_acc(acc, row0, N, count,
                    [&](int r, int t, float v) { m.y[static_cast<int64_t>(pc + t) * N + r] = dq::round_bf16(v); });
@@ -140,12 +142,10 @@ __global__ void __launch_bounds__(mma::kThreads)
   if (!split_last_arrival(counters + (static_cast<int64_t>(mat) * row_ctas + rc) * gridDim.z + slot, splits)) return;
   const int r = rc * kCtaRows + threadIdx.x;
   if (r >= N) return;
-  for (int p = p0; p < p0 + n_e; ++p) {
-    float s = 0.0f;
-    for (int sp = 0; sp < splits; ++sp)
-      s += __ldcg(partial + (static_cast<int64_t>(mat * splits + sp) * n_rows + p) * N + r);
-    m.y[static_cast<int64_t>(p) * N + r] = dq::round_bf16(s);
-  }
+  const float* base = partial + static_cast<int64_t>(mat * splits) * n_rows * N + r;
+  for (int p = p0; p < p0 + n_e; ++p)
+    m.y[static_cast<int64_t>(p) * N + r] =
+        dq::round_bf16(sum_splits(base + static_cast<int64_t>(p) * N, static_cast<int64_t>(n_rows) * N, splits));
 }
 
 // One warp per 32 columns of an entry p < offsets[E]: h = bf16(route_w[slot] * silu(min(g, limit)) *
@@ -188,10 +188,25 @@ __global__ void combine_kernel(const float* __restrict__ down, const int32_t* __
 }
 
 template <int NT>
-void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat& m1, dim3 grid, int kb_per_split,
-                    float* partial, unsigned* counters) {
+void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat& m1, int mats, int slots) {
+  static const int resident = [] {
+    int v = 0;
+    DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, grouped_fp4_kernel<NT>, mma::kThreads, 0));
+    int dev = 0, sms = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&dev));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return std::max(v, 1) * sms;
+  }();
+  const dense::SplitPlan plan = dense::plan_split(static_cast<int64_t>(mats) * a.row_ctas * slots, a.K / 32, NT, resident);
+  float* partial = nullptr;
+  unsigned* counters = nullptr;
+  if (plan.splits > 1) {
+    partial = workspace_as<float>(Ws::kPartial, static_cast<size_t>(mats) * plan.splits * a.n_rows * a.N);
+    counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(mats) * a.row_ctas * slots);
+  }
+  const dim3 grid(static_cast<unsigned>(mats * a.row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(slots));
   grouped_fp4_kernel<NT><<<grid, mma::kThreads>>>(a.xc, a.xs, a.act_row_of, a.lists, m0, m1, a.row_ctas, a.N, a.K,
-                                                  a.n_rows, kb_per_split, partial, counters);
+                                                  a.n_rows, plan.kb_per_split, partial, counters);
   DI_CUDA_LAUNCH_CHECK();
 }
 
@@ -206,15 +221,14 @@ void route_lists(const int32_t* experts, int64_t s, int k, int64_t n_exp, const 
 }
 
 void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0, const uint8_t* const* w1, float* y1,
-                      int slots, int nt, int splits, int kb_per_split, float* partial, unsigned* counters) {
+                      int slots, int nt) {
   const int mats = w1 ? 2 : 1;
   const GroupedMat m0{w0, y0}, m1{w1 ? w1 : w0, w1 ? y1 : y0};
-  const dim3 grid(static_cast<unsigned>(mats * a.row_ctas), static_cast<unsigned>(splits), static_cast<unsigned>(slots));
   switch (nt) {
-    case 1: return launch_grouped<1>(a, m0, m1, grid, kb_per_split, partial, counters);
-    case 2: return launch_grouped<2>(a, m0, m1, grid, kb_per_split, partial, counters);
-    case 4: return launch_grouped<4>(a, m0, m1, grid, kb_per_split, partial, counters);
-    default: return launch_grouped<8>(a, m0, m1, grid, kb_per_split, partial, counters);
+    case 1: return launch_grouped<1>(a, m0, m1, mats, slots);
+    case 2: return launch_grouped<2>(a, m0, m1, mats, slots);
+    case 4: return launch_grouped<4>(a, m0, m1, mats, slots);
+    default: return launch_grouped<8>(a, m0, m1, mats, slots);
   }
 }
 

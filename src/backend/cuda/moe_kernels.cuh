@@ -70,8 +70,10 @@ struct GroupedArgs {
   int N, K;
   int n_rows;                 // n = S*k (rows of y, partial sums)
 };
+// slots: grid z (the most experts that can be active); nt: n8 token tiles per warp. K is split across
+// CTAs while they fit in one wave (partials and counters in the persistent workspace).
 void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0, const uint8_t* const* w1, float* y1,
-                      int slots, int nt, int splits, int kb_per_split, float* partial, unsigned* counters);
+                      int slots, int nt);
 
 // h = bf16(route_w[slot] * silu(min(g, limit)) * clamp(u, +-limit)) for the valid entries, quantized
 // to FP8 per 32: codes [n, inter], scales [n, inter/32].
