@@ -215,12 +215,12 @@ void EngineImpl::loop() {
           jobs.push_back(build_job(std::move(plan)));
           Job* job = jobs.back().get();
           if (worker_)
-            job->ticket = worker_->enqueue([this, job] {
+            job->ticket = worker_->enqueue([this, job](const std::function<void()>& started) {
               if (step_failed_) {
                 job->out.error = "an earlier step failed";
                 return;
               }
-              job->out = run_step(*model_, job->tasks, opt_.prefix_block_tokens);
+              job->out = run_step(*model_, job->tasks, opt_.prefix_block_tokens, started);
               if (!job->out.error.empty()) step_failed_ = true;
             });
           queued = true;
@@ -229,6 +229,7 @@ void EngineImpl::loop() {
       if (jobs.empty()) {
         if (pending) post_process(*pending);
         pending.reset();
+        drop_finished();
         last_step_end_.reset();
         idle = true;
         publish_stats();

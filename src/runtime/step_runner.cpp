@@ -18,9 +18,11 @@ SampledToken sample_row(const StepTask& t, std::span<const float> row, std::span
 
 }  // namespace
 
-StepOutput run_step(Model& model, std::vector<StepTask>& tasks, int64_t block_tokens) {
+StepOutput run_step(Model& model, std::vector<StepTask>& tasks, int64_t block_tokens,
+                    const std::function<void()>& started) {
   StepOutput out;
   out.begin = std::chrono::steady_clock::now();
+  if (started) started();
   Backend& backend = model.backend();
   const int64_t vocab = model.config().vocab_size;
   try {

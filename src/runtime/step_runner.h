@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +62,8 @@ struct StepOutput {
   std::chrono::steady_clock::time_point begin, end;  // of the whole step
 };
 
-StepOutput run_step(Model& model, std::vector<StepTask>& tasks, int64_t block_tokens);
+// `started` (may be empty) is called once the step's clock has started.
+StepOutput run_step(Model& model, std::vector<StepTask>& tasks, int64_t block_tokens,
+                    const std::function<void()>& started = {});
 
 }  // namespace di

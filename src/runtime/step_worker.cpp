@@ -13,7 +13,7 @@ StepWorker::~StepWorker() {
   thread_.join();
 }
 
-uint64_t StepWorker::enqueue(std::function<void()> job) {
+uint64_t StepWorker::enqueue(Job job) {
   uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -31,16 +31,25 @@ void StepWorker::wait(uint64_t ticket) {
 
 void StepWorker::loop() {
   std::unique_lock<std::mutex> lock(mu_);
+  bool owe_notify = false;  // the previous job's completion is reported once this one has started
+  auto notify = [&] {
+    if (owe_notify) cv_.notify_all();
+    owe_notify = false;
+  };
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-    if (jobs_.empty()) return;  // stopping, nothing left
-    std::function<void()> job = std::move(jobs_.front());
+    if (jobs_.empty()) {
+      notify();
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, nothing left
+    }
+    Job job = std::move(jobs_.front());
     jobs_.pop_front();
     lock.unlock();
-    job();  // jobs catch their own errors (run_step reports them in StepOutput)
+    job(notify);  // jobs catch their own errors (run_step reports them in StepOutput)
+    notify();     // in case the job never called it
     lock.lock();
     ++done_;
-    cv_.notify_all();
+    owe_notify = true;
   }
 }
 

@@ -201,7 +201,7 @@ void expect_same(const std::vector<RequestResult>& a, const std::vector<RequestR
 
 TEST(Engine, SameSeedSameTokensWhateverElseRuns) {
   std::mt19937_64 rng(testing_util::fresh_seed("Engine.SameSeedSameTokensWhateverElseRuns"));
-  std::vector<Request> reqs = mixed_requests(rng, 24);
+  std::vector<Request> reqs = mixed_requests(rng, 16);
   EngineOptions o = base_options();
   o.batch_invariant = true;
   o.prefix_cache = PrefixCacheMode::kOff;
@@ -234,7 +234,7 @@ TEST(Engine, SubmittersOnManyThreads) {
 
 TEST(Engine, AsyncSchedulingDoesNotChangeOutputs) {
   std::mt19937_64 rng(testing_util::fresh_seed("Engine.AsyncSchedulingDoesNotChangeOutputs"));
-  std::vector<Request> reqs = mixed_requests(rng, 20, 40, 16);
+  std::vector<Request> reqs = mixed_requests(rng, 14, 40, 14);
   // stop strings make post-processing finish requests that already run in the next step
   EngineOptions o = base_options();
   o.prefix_cache = PrefixCacheMode::kExact;  // runs after the first hit its blocks: exact, so equal
@@ -479,11 +479,11 @@ TEST(Engine, LogitMaskRestrictsTokens) {
 
 TEST(Engine, PreemptionRecomputesToTheSameOutputs) {
   std::mt19937_64 rng(testing_util::fresh_seed("Engine.PreemptionRecomputesToTheSameOutputs"));
-  std::vector<Request> reqs = mixed_requests(rng, 16, 40, 30);
+  std::vector<Request> reqs = mixed_requests(rng, 10, 40, 30);
   for (Request& r : reqs) {  // long enough that two running requests outgrow the capacity
     std::vector<int32_t> more = random_prompt(rng, 20);
     r.prompt_ids.insert(r.prompt_ids.end(), more.begin(), more.end());
-    r.sampling.max_tokens = 20 + rng() % 20;
+    r.sampling.max_tokens = 16 + rng() % 16;
     r.sampling.ignore_eos = true;
   }
   EngineOptions o = base_options();
