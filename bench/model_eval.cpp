@@ -1,8 +1,8 @@
 // Quality of a model on held-out token ids, measured by the engine itself (CPU backend):
 //  - perplexity: the ids cut into chunks of --chunk tokens, each scored once from BOS + the chunk's
 //    earlier tokens (one prefill with all logits per chunk), as tools/train_small/train.py does;
-//  - DSpark acceptance: speculative decoding simulated from --prompts held-out prefixes of
-//    --prompt-len tokens for --gen tokens each. Each step drafts dspark_block_size tokens after the
+//  - DSpark acceptance: speculative decoding simulated from --prompts prefixes of --prompt-len
+//    tokens (BOS + ids, at evenly spaced offsets of the ids) for --gen tokens each. Each step drafts dspark_block_size tokens after the
 //    target's token; the target then decodes them one by one. Greedy: a draft is accepted while it
 //    equals the target's argmax. Sampled (temperature 1, greedy drafts): draft d is accepted with
 //    probability p_target(d) (the lossless rule min(1, p/q) with q one-hot); on a rejection the next
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
         acc.histogram.assign(m->config().dspark_block_size + 1, 0);
         std::mt19937_64 rng(seed);
         for (int p = 0; p < prompts; ++p) {
-          size_t c = static_cast<size_t>(p) * chunk;
+          size_t c = static_cast<size_t>(p) * (ids.size() / prompts);  // spread over the held-out stream
           if (c + prompt_len > ids.size()) break;
           std::vector<int32_t> prompt = {bos};
           prompt.insert(prompt.end(), ids.begin() + c, ids.begin() + c + prompt_len - 1);
