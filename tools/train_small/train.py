@@ -234,6 +234,7 @@ def main():
         ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         aux = sum(ctx["aux"]) if ctx["aux"] else torch.zeros((), device=dev)
         loss = ce + 0.1 * aux
+        aux = aux.detach()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(main_params, 1.0)
@@ -247,7 +248,7 @@ def main():
         tokens += x.numel()
         if step % 25 == 0 or step == 1:
             dt = time.time() - last_log
-            log(f"step {step} ep {step / steps_per_epoch:.2f} loss {ce.item():.4f} aux {float(aux):.4f} "
+            log(f"step {step} ep {step / steps_per_epoch:.2f} loss {ce.item():.4f} aux {aux.item():.4f} "
                 f"gnorm {float(gnorm):.2f} lr {lr:.2e} tok/s {tokens / max(dt, 1e-9):.0f}")
             tokens, last_log = 0, time.time()
         if step % 400 == 0:
