@@ -1,10 +1,11 @@
 // The CUDA mHC, attention and selection ops against the CPU backend on random data (fresh seed per
 // test, printed; DI_GPU_SEED replays). Tolerances, per op:
-//  - hc_mixes: max |diff| <= 1e-6 (fp64 dot sums in another order; everything else in the CPU's
-//    fp32 order, exp rounded once from double).
+//  - hc_mixes: max |diff| <= 1e-6 (fp64 dot sums in another order: K chunks, then chunk order; the
+//    mean square and everything else in the CPU's fp32 order, exp rounded once from double).
 //  - hc_pre, hc_post, stream_mean: bit-exact (the same fp32 operations in the same order).
 //  - sparse_attention: relative L2 <= 1e-3 over the output (dot and probability sums in another
-//    order; exp differs by ulps, which can flip a bf16-rounded probability); a row whose list is all
+//    order, the list split over CTAs for few rows; exp differs by ulps, which can flip a bf16-rounded
+//    probability, as can the running / per-split max it is taken against); a row whose list is all
 //    -1 must be exactly zero.
 //  - softmax_pool: relative L2 <= 1e-6 (CPU order; exp rounded once from double vs glibc expf).
 //  - index_scores: bit-exact (each dot in cpu::dot's exact order), -inf where invisible.
@@ -106,6 +107,11 @@ TEST_F(AttentionOps, HcMixes) {
   check_hc_mixes(*this, r, 4, 96, 33, true, 1e-20f, 20);
   check_hc_mixes(*this, r, 2, 77, 5, false, 1e-6f, 3);
   check_hc_mixes(*this, r, 4, 5120, 2, false, 1e-20f, 20);  // the model's width
+  // K chunking of the dot products: 80 chunks at batch 1, 4 at batch 64, one chunk past 264 rows.
+  check_hc_mixes(*this, r, 4, 5120, 1, false, 1e-20f, 20);
+  check_hc_mixes(*this, r, 4, 5120, 64, true, 1e-20f, 20);
+  check_hc_mixes(*this, r, 4, 96, 300, false, 1e-6f, 20);
+  check_hc_mixes(*this, r, 8, 130, 3, false, 1e-6f, 5);  // hc 8: 80 mixes, 64 comb elements
 }
 
 TEST_F(AttentionOps, HcPrePostStreamMean) {
@@ -193,7 +199,8 @@ TEST_F(AttentionOps, SparseAttention) {
                                                  {5, 4, 512, 45, 64},
                                                  {1, 64, 512, 640, 640},
                                                  {5, 6, 48, 90, 77},   // odd heads, dh not a multiple of 32
-                                                 {5, 1, 64, 50, 100}})  // one warp per block
+                                                 {5, 1, 64, 50, 100},   // one warp per block
+                                                 {2, 64, 512, 2000, 2048}})  // list split over 32 CTAs, merged
     check_sparse_attention(*this, r, c);
 }
 

@@ -316,7 +316,7 @@ TEST_F(DenseOps, EmbedBitExact) {
 
 TEST_F(DenseOps, RmsNorm) {
   for (int64_t s : {1, 3, 17, 130})
-    for (int64_t n : {96, 100, 4096}) {
+    for (int64_t n : {96, 100, 4096, 5127, 20480}) {  // 5127: a 7-element tail after whole load batches
       for (DType dt : {DType::kBF16, DType::kF32}) {
         SCOPED_TRACE("rmsnorm S=" + std::to_string(s) + " n=" + std::to_string(n) + " " + dtype_name(dt));
         OwnedWeight w = dt == DType::kBF16 ? gputest::random_bf16_weight(rng(), 1, n, *gpu, 0.3f, WeightMode::kBf16, 1.0f)

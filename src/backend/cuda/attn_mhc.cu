@@ -1,5 +1,7 @@
 // CUDA backend: the mHC (hyper-connection) ops, bit-compatible with cpu_elementwise.cpp: the same
 // fp32 rounding points in the same order (no FMA contraction where the CPU multiplies then adds).
+#include <algorithm>
+
 #include "backend/cuda/attn_common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -9,121 +11,134 @@ namespace {
 
 using cuda::attn::WType;
 
-constexpr int kMaxHc = 8;              // comb is hc x hc in shared memory
-constexpr int kMixThreads = 256;       // warp 0: mean square; warps 1..7: the dot products
-constexpr int kMixChunk = 12;          // fp64 accumulators per thread per pass over the row
-constexpr int kMixWarps = kMixThreads / 32;
+constexpr int kMaxHc = 8;          // comb is hc x hc in shared memory
+constexpr int kDotThreads = 256;   // hc_mixes_dots: one CTA per (K chunk, row)
+constexpr int kDotWarps = kDotThreads / 32;
+constexpr int kDotAcc = 24;        // fp64 accumulators per thread per pass over the chunk (mix = 24 at hc 4)
+constexpr int kFinThreads = 128;   // hc_mixes_finish: >= mix and >= hc * hc (80 and 64 at hc 8)
 
 __device__ __forceinline__ float sigmoid_ref(float x) {
   return __fdiv_rn(1.0f, __fadd_rn(1.0f, cuda::attn::exp_ref(-x)));
 }
 
-// One block per row. Reads x [n] once per 12 mixes and fn [mix, n] (L2-resident); 24 x n fp64 FMAs
-// for hc = 4. Warp 0 sums the squares in cpu::dot's exact fp32 order (8 interleaved lanes) while
-// the other warps accumulate the mixes in fp64; thread 0 then runs the fp32 epilogue in the CPU's order.
-__global__ void hc_mixes_kernel(const float* __restrict__ x, int64_t n, int hc, const uint8_t* fn, WType fn_t,
-                                const uint8_t* scale, WType scale_t, const uint8_t* base, WType base_t,
-                                float norm_eps, int sinkhorn_iters, float hc_eps, float* __restrict__ out) {
-  const int mix = (2 + hc) * hc;
-  const int64_t r = blockIdx.x;
+// Stage 1, grid (splits + 1, rows). CTA (c < splits, r): the fp64 dot products of x[r, chunk c] with
+// the mix rows of fn over that chunk (products exact in fp64), summed per thread, then across the CTA
+// in a fixed order, into part[r, c, mix]. CTA (splits, r): the row's mean square, cpu::dot's exact
+// fp32 order (one warp, overlapping the dot CTAs), into rs[r] = 1 / sqrt(ss / n + eps).
+// fn [mix, n] is read once per row group (L2-resident across rows), x once per CTA.
+__global__ void hc_mixes_dots_kernel(const float* __restrict__ x, int64_t n, int mix, int64_t chunk, int splits,
+                                     const uint8_t* fn, WType fn_t, float norm_eps, double* __restrict__ part,
+                                     float* __restrict__ rs) {
+  const int64_t r = blockIdx.y;
   const float* xr = x + r * n;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __shared__ double part[kMixWarps][kMixChunk];
-  __shared__ double dots[(2 + kMaxHc) * kMaxHc];
-  __shared__ float rs_sh;
-  __shared__ float comb[kMaxHc * kMaxHc];
-
-  if (warp == 0) {
-    // cpu::dot(xr, xr, n): lane j < 8 sums x[i + j]^2 for i = 0, 8, ...; then tail and tree.
-    float s = 0;
-    const int64_t n8 = n - n % 8;
-    if (lane < 8) {
-#pragma unroll 8
-      for (int64_t i = lane; i < n8; i += 8) s = __fadd_rn(s, __fmul_rn(xr[i], xr[i]));
+  const int c = blockIdx.x;
+  if (c == splits) {
+    if (threadIdx.x >= 32) return;
+    const float ss = cuda::warp_sum_squares_exact(xr, n);
+    if (threadIdx.x == 0) {
+      const float var = __fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), norm_eps);
+      rs[r] = __fdiv_rn(1.0f, __fsqrt_rn(var));
     }
-    float s1 = __shfl_down_sync(0xffffffffu, s, 1);  // lane 0: s1, lane 2: s3, lane 4: s5, lane 6: s7
-    float p01 = __fadd_rn(s, s1);                    // lane 0: s0+s1, 2: s2+s3, 4: s4+s5, 6: s6+s7
-    float p23 = __shfl_down_sync(0xffffffffu, p01, 2);
-    float q = __fadd_rn(p01, p23);                   // lane 0: (s0+s1)+(s2+s3), lane 4: (s4+s5)+(s6+s7)
-    float q4 = __shfl_down_sync(0xffffffffu, q, 4);
-    if (lane == 0) {
-      float tail = 0;
-      for (int64_t i = n8; i < n; ++i) tail = __fadd_rn(tail, __fmul_rn(xr[i], xr[i]));
-      float ss = __fadd_rn(__fadd_rn(q, q4), tail);
-      float var = __fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), norm_eps);
-      rs_sh = __fdiv_rn(1.0f, __fsqrt_rn(var));
-    }
+    return;
   }
-  for (int j0 = 0; j0 < mix; j0 += kMixChunk) {
-    const int nj = min(kMixChunk, mix - j0);
-    double acc[kMixChunk];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ double red[kDotWarps][kDotAcc];
+  const int64_t k0 = c * chunk, k1 = min(n, k0 + chunk);
+  double* out = part + (r * splits + c) * mix;
+  for (int j0 = 0; j0 < mix; j0 += kDotAcc) {
+    const int nj = min(kDotAcc, mix - j0);
+    double acc[kDotAcc];
 #pragma unroll
-    for (int j = 0; j < kMixChunk; ++j) acc[j] = 0;
-    if (warp > 0) {
-      for (int64_t i = threadIdx.x - 32; i < n; i += kMixThreads - 32) {
-        const double xv = xr[i];
+    for (int j = 0; j < kDotAcc; ++j) acc[j] = 0;
+    for (int64_t i = k0 + threadIdx.x; i < k1; i += kDotThreads) {
+      const double xv = xr[i];
 #pragma unroll
-        for (int j = 0; j < kMixChunk; ++j)
-          if (j < nj) acc[j] += xv * static_cast<double>(cuda::attn::weight_elem(fn, fn_t, (j0 + j) * n + i));
-      }
+      for (int j = 0; j < kDotAcc; ++j)
+        if (j < nj) acc[j] += xv * static_cast<double>(cuda::attn::weight_elem(fn, fn_t, (j0 + j) * n + i));
     }
 #pragma unroll
-    for (int j = 0; j < kMixChunk; ++j) {
+    for (int j = 0; j < kDotAcc; ++j) {
       double v = acc[j];
       for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
-      if (lane == 0) part[warp][j] = v;
+      if (lane == 0) red[warp][j] = v;
     }
     __syncthreads();
     if (threadIdx.x < nj) {
       double v = 0;
-      for (int w = 1; w < kMixWarps; ++w) v += part[w][threadIdx.x];
-      dots[j0 + threadIdx.x] = v;
+      for (int w = 0; w < kDotWarps; ++w) v += red[w][threadIdx.x];
+      out[j0 + threadIdx.x] = v;
     }
     __syncthreads();
   }
-  if (threadIdx.x != 0) return;
+}
 
-  // Epilogue, one thread, fp32 in the CPU's order.
-  const float rs = rs_sh;
+// Stage 2, one CTA per row: the chunk sums in chunk order (fp64), then the fp32 epilogue in the CPU's
+// order - sigmoids, softmax rows, Sinkhorn - with one thread per comb element (every row / column
+// sum is recomputed by each of its elements in the CPU's sequential order, so no sum is reordered).
+__global__ void hc_mixes_finish_kernel(const double* __restrict__ part, const float* __restrict__ rs_in, int splits,
+                                       int hc, const uint8_t* scale, WType scale_t, const uint8_t* base,
+                                       WType base_t, int sinkhorn_iters, float hc_eps, float* __restrict__ out) {
+  const int mix = (2 + hc) * hc;
+  const int64_t r = blockIdx.x;
+  const int t = threadIdx.x;
+  __shared__ float m[(2 + kMaxHc) * kMaxHc];
+  __shared__ float comb[kMaxHc * kMaxHc];
+  const float rs = rs_in[r];
+  if (t < mix) {
+    const double* p = part + r * splits * mix + t;
+    double v = 0;
+    for (int c = 0; c < splits; ++c) v += p[c * mix];
+    m[t] = __fmul_rn(static_cast<float>(v), rs);
+  }
+  __syncthreads();
+  float* o = out + r * mix;
   const float sc0 = cuda::attn::weight_elem(scale, scale_t, 0), sc1 = cuda::attn::weight_elem(scale, scale_t, 1),
               sc2 = cuda::attn::weight_elem(scale, scale_t, 2);
-  float* o = out + r * mix;
-  auto m = [&](int j) { return __fmul_rn(static_cast<float>(dots[j]), rs); };
   auto bs = [&](int j) { return cuda::attn::weight_elem(base, base_t, j); };
-  for (int k = 0; k < hc; ++k) o[k] = __fadd_rn(sigmoid_ref(__fadd_rn(__fmul_rn(m(k), sc0), bs(k))), hc_eps);
-  for (int k = 0; k < hc; ++k)
-    o[hc + k] = __fmul_rn(2.0f, sigmoid_ref(__fadd_rn(__fmul_rn(m(hc + k), sc1), bs(hc + k))));
-  for (int i = 0; i < hc * hc; ++i) comb[i] = __fadd_rn(__fmul_rn(m(2 * hc + i), sc2), bs(2 * hc + i));
-  for (int j = 0; j < hc; ++j) {  // softmax over each row, + eps
+  if (t < hc) o[t] = __fadd_rn(sigmoid_ref(__fadd_rn(__fmul_rn(m[t], sc0), bs(t))), hc_eps);
+  else if (t < 2 * hc) o[t] = __fmul_rn(2.0f, sigmoid_ref(__fadd_rn(__fmul_rn(m[t], sc1), bs(t))));
+  const bool own = t < hc * hc;
+  const int j = own ? t / hc : 0, k = own ? t % hc : 0;  // this thread's comb element (row j, column k)
+  float v = own ? __fadd_rn(__fmul_rn(m[2 * hc + t], sc2), bs(2 * hc + t)) : 0.0f;
+  if (own) comb[t] = v;
+  __syncthreads();
+  // softmax over each row, + eps
+  if (own) {
     float mx = comb[j * hc];
-    for (int k = 1; k < hc; ++k) mx = cuda::attn::std_max(mx, comb[j * hc + k]);
+    for (int q = 1; q < hc; ++q) mx = cuda::attn::std_max(mx, comb[j * hc + q]);
     float sum = 0;
-    for (int k = 0; k < hc; ++k) {
-      comb[j * hc + k] = cuda::attn::exp_ref(__fsub_rn(comb[j * hc + k], mx));
-      sum = __fadd_rn(sum, comb[j * hc + k]);
-    }
-    for (int k = 0; k < hc; ++k) comb[j * hc + k] = __fadd_rn(__fdiv_rn(comb[j * hc + k], sum), hc_eps);
+    for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, cuda::attn::exp_ref(__fsub_rn(comb[j * hc + q], mx)));
+    v = __fadd_rn(__fdiv_rn(cuda::attn::exp_ref(__fsub_rn(v, mx)), sum), hc_eps);
   }
+  __syncthreads();
+  if (own) comb[t] = v;
+  __syncthreads();
   auto col_norm = [&] {
-    for (int k = 0; k < hc; ++k) {
+    if (own) {
       float sum = 0;
-      for (int j = 0; j < hc; ++j) sum = __fadd_rn(sum, comb[j * hc + k]);
-      for (int j = 0; j < hc; ++j) comb[j * hc + k] = __fdiv_rn(comb[j * hc + k], __fadd_rn(sum, hc_eps));
+      for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, comb[q * hc + k]);
+      v = __fdiv_rn(v, __fadd_rn(sum, hc_eps));
     }
+    __syncthreads();
+    if (own) comb[t] = v;
+    __syncthreads();
   };
   auto row_norm = [&] {
-    for (int j = 0; j < hc; ++j) {
+    if (own) {
       float sum = 0;
-      for (int k = 0; k < hc; ++k) sum = __fadd_rn(sum, comb[j * hc + k]);
-      for (int k = 0; k < hc; ++k) comb[j * hc + k] = __fdiv_rn(comb[j * hc + k], __fadd_rn(sum, hc_eps));
+      for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, comb[j * hc + q]);
+      v = __fdiv_rn(v, __fadd_rn(sum, hc_eps));
     }
+    __syncthreads();
+    if (own) comb[t] = v;
+    __syncthreads();
   };
   col_norm();
   for (int it = 0; it + 1 < sinkhorn_iters; ++it) {
     row_norm();
     col_norm();
   }
-  for (int i = 0; i < hc * hc; ++i) o[2 * hc + i] = comb[i];
+  if (own) o[2 * hc + t] = v;
 }
 
 // out[r, i] = bf16(sum_k pre[k] x[r, k, i]): reads hc x D, writes D per row.
@@ -191,10 +206,19 @@ Tensor CudaBackend::hc_mixes(const Tensor& x, int hc, const Weight& fn, const We
   const WType bs_t = cuda::attn::weight_type(base, "hc_mixes", "base");
   Tensor out = alloc(TType::kF32, {s, mix});
   if (s == 0) return out;
-  DI_CHECK(n > 0);
-  hc_mixes_kernel<<<static_cast<unsigned>(s), kMixThreads>>>(x.f32(), n, hc, cuda::wdata(fn), fn_t, cuda::wdata(scale),
-                                                             sc_t, cuda::wdata(base), bs_t, norm_eps, sinkhorn_iters,
-                                                             hc_eps, out.f32());
+  DI_CHECK(n > 0 && s <= 65535);
+  // K chunks per row: enough CTAs for about two waves of the 132 SMs, at least 256 elements each.
+  const int64_t want = std::max<int64_t>(1, 264 / s);
+  const int splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, n / 256)));
+  const int64_t chunk = (n + splits - 1) / splits;
+  Tensor part = alloc(TType::kF32, {s, splits * mix * 2});  // fp64 chunk sums
+  Tensor rs = alloc(TType::kF32, {s});
+  hc_mixes_dots_kernel<<<dim3(splits + 1, static_cast<unsigned>(s)), kDotThreads>>>(
+      x.f32(), n, mix, chunk, splits, cuda::wdata(fn), fn_t, norm_eps, reinterpret_cast<double*>(part.f32()), rs.f32());
+  DI_CUDA_LAUNCH_CHECK();
+  hc_mixes_finish_kernel<<<static_cast<unsigned>(s), kFinThreads>>>(
+      reinterpret_cast<const double*>(part.f32()), rs.f32(), splits, hc, cuda::wdata(scale), sc_t, cuda::wdata(base),
+      bs_t, sinkhorn_iters, hc_eps, out.f32());
   DI_CUDA_LAUNCH_CHECK();
   return out;
 }

@@ -56,7 +56,8 @@ __device__ __forceinline__ float transpose_reduce16(float (&v)[16], int lane) {
 template <int DPL>
 __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
     const float* __restrict__ q, const float* __restrict__ kv, int64_t n_kv, const int32_t* __restrict__ idx,
-    int64_t len, const uint8_t* sink, WType sink_t, float scale, int heads, int dh, bool vec4, float* __restrict__ out) {
+    int64_t len, const uint8_t* sink, WType sink_t, float scale, int heads, int dh, bool vec4, int64_t split_len,
+    float* __restrict__ part, float* __restrict__ out) {
   constexpr int kHpw = kHeadsPerWarp;
   extern __shared__ float4 smem4[];
   float* tile = reinterpret_cast<float*>(smem4);  // [64, dh]
@@ -79,8 +80,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
     }
   }
 
-  for (int64_t blk = 0; blk < len; blk += kAttnBlock) {
-    const int n = static_cast<int>(std::min<int64_t>(kAttnBlock, len - blk));
+  // this CTA's share of the list: [blockIdx.z * split_len, +split_len) (split_len a multiple of 64)
+  const int64_t lo = blockIdx.z * split_len, hi = std::min<int64_t>(len, lo + split_len);
+  for (int64_t blk = lo; blk < hi; blk += kAttnBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kAttnBlock, hi - blk));
     __syncthreads();  // the previous tile and ids are consumed
     for (int j = threadIdx.x; j < kAttnBlock; j += blockDim.x) {  // blocks of 1 warp exist (<= 2 heads)
       const int32_t id = j < n ? idx[r * len + blk + j] : -1;
@@ -172,6 +175,24 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
     }
   }
 
+  if (part != nullptr) {  // a K split: unnormalised acc, max and sum to [r, h, split, dh + 2]
+#pragma unroll
+    for (int hh = 0; hh < kHpw; ++hh) {
+      const int h = h0 + hh;
+      if (h >= heads) continue;
+      float* pp = part + ((r * heads + h) * gridDim.z + blockIdx.z) * (dh + 2);
+#pragma unroll
+      for (int c = 0; c < DPL; ++c) {
+        const int d = lane + 32 * c;
+        if (d < dh) pp[d] = acc[hh][c];
+      }
+      if (lane == 0) {
+        pp[dh] = run_max[hh];
+        pp[dh + 1] = sum_exp[hh];
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int hh = 0; hh < kHpw; ++hh) {
     const int h = h0 + hh;
@@ -185,12 +206,42 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
   }
 }
 
+// The K splits of one (row, head) merged: out = bf16(sum_z acc_z e^(m_z - M) / (sum_z l_z e^(m_z - M) +
+// e^(sink - M))), M the largest split max. One CTA per (row, head), one thread per dim.
+__global__ void sparse_attention_combine_kernel(const float* __restrict__ part, int splits, int heads, int dh,
+                                                const uint8_t* sink, WType sink_t, float* __restrict__ out) {
+  const int64_t rh = blockIdx.x;
+  const int h = static_cast<int>(rh % heads);
+  const float* pp = part + rh * splits * (dh + 2);
+  float m = -1e30f;
+  for (int z = 0; z < splits; ++z) m = cuda::attn::std_max(m, pp[z * (dh + 2) + dh]);
+  float total = 0;
+  for (int z = 0; z < splits; ++z) total += pp[z * (dh + 2) + dh + 1] * expf(pp[z * (dh + 2) + dh] - m);
+  total += expf(cuda::attn::weight_elem(sink, sink_t, h) - m);
+  for (int d = threadIdx.x; d < dh; d += blockDim.x) {
+    float a = 0;
+    for (int z = 0; z < splits; ++z) a += pp[z * (dh + 2) + d] * expf(pp[z * (dh + 2) + dh] - m);
+    out[rh * dh + d] = cuda::round_bf16(a / total);
+  }
+}
+
 template <int DPL>
 void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const float* kv, int64_t n_kv,
                              const int32_t* idx, int64_t len, const uint8_t* sink, WType sink_t, float scale,
-                             float* out) {
-  const int nwarps = std::min(kAttnWarps, (heads + kHeadsPerWarp - 1) / kHeadsPerWarp);
+                             float* out, CudaBackend& be) {
+  // Decode has one query row per launch: fewer heads per CTA and the list split over CTAs (partials
+  // merged by a second kernel) so that ~two waves of the 132 SMs share the work.
+  const int64_t blocks = (len + kAttnBlock - 1) / kAttnBlock;
+  int nwarps = std::min(kAttnWarps, (heads + kHeadsPerWarp - 1) / kHeadsPerWarp);
+  if (s * ((heads + nwarps * kHeadsPerWarp - 1) / (nwarps * kHeadsPerWarp)) * blocks < 264)
+    nwarps = std::min(nwarps, 4);
   const int groups = (heads + nwarps * kHeadsPerWarp - 1) / (nwarps * kHeadsPerWarp);
+  const int64_t want = std::max<int64_t>(1, 264 / (s * groups));
+  const int splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, blocks, 64})));
+  const int64_t split_len = ((blocks + splits - 1) / splits) * kAttnBlock;
+  const int used = static_cast<int>(std::max<int64_t>(1, (len + split_len - 1) / split_len));  // non-empty splits
+  Tensor part;
+  if (used > 1) part = be.alloc(TType::kF32, {s * heads * used, dh + 2});
   const bool vec4 = dh % 4 == 0 && reinterpret_cast<uintptr_t>(kv) % 16 == 0;  // 16-byte kv row loads
   const size_t smem = (static_cast<size_t>(kAttnBlock) * dh + static_cast<size_t>(nwarps) * kHeadsPerWarp * kAttnBlock) *
                       sizeof(float);
@@ -203,9 +254,16 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
     return true;
   }();
   (void)attr_set;
-  sparse_attention_kernel<DPL><<<dim3(static_cast<unsigned>(s), static_cast<unsigned>(groups)), nwarps * 32, smem>>>(
-      q, kv, n_kv, idx, len, sink, sink_t, scale, heads, dh, vec4, out);
+  sparse_attention_kernel<DPL>
+      <<<dim3(static_cast<unsigned>(s), static_cast<unsigned>(groups), static_cast<unsigned>(used)), nwarps * 32, smem>>>(
+          q, kv, n_kv, idx, len, sink, sink_t, scale, heads, dh, vec4, used > 1 ? split_len : std::max<int64_t>(len, 1),
+          used > 1 ? part.f32() : nullptr, out);
   DI_CUDA_LAUNCH_CHECK();
+  if (used > 1) {
+    sparse_attention_combine_kernel<<<static_cast<unsigned>(s * heads), 128>>>(part.f32(), used, heads, dh, sink, sink_t,
+                                                                               out);
+    DI_CUDA_LAUNCH_CHECK();
+  }
 }
 
 // ---- softmax pooling ------------------------------------------------------------------------------
@@ -332,11 +390,11 @@ Tensor CudaBackend::sparse_attention(const Tensor& q, int heads, const Tensor& k
   const int dh = static_cast<int>(d);
   const uint8_t* sk = cuda::wdata(sink);
   const int need = (dh + 31) / 32;
-  if (need <= 1) launch_sparse_attention<1>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32());
-  else if (need <= 2) launch_sparse_attention<2>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32());
-  else if (need <= 4) launch_sparse_attention<4>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32());
-  else if (need <= 8) launch_sparse_attention<8>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32());
-  else launch_sparse_attention<16>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32());
+  if (need <= 1) launch_sparse_attention<1>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  else if (need <= 2) launch_sparse_attention<2>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  else if (need <= 4) launch_sparse_attention<4>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  else if (need <= 8) launch_sparse_attention<8>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  else launch_sparse_attention<16>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
   return out;
 }
 

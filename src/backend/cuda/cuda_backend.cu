@@ -102,9 +102,10 @@ void CudaBackend::copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t 
   DI_CHECK(dst.type == src.type && dst.row_size() == src.row_size());
   DI_CHECK(d0 >= 0 && s0 >= 0 && d0 + n <= dst.rows() && s0 + n <= src.rows());
   size_t rb = static_cast<size_t>(src.row_size()) * elem_size(src.type);
+  // stream-ordered on the legacy stream the kernels use; no host involvement beyond the enqueue
   if (n > 0)
-    DI_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(dst.data) + d0 * rb, static_cast<uint8_t*>(src.data) + s0 * rb,
-                             n * rb, cudaMemcpyDeviceToDevice));
+    DI_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + d0 * rb, static_cast<uint8_t*>(src.data) + s0 * rb,
+                                  n * rb, cudaMemcpyDeviceToDevice, 0));
 }
 
 Tensor CudaBackend::concat_cols(const Tensor& a, const Tensor& b) {
@@ -112,8 +113,11 @@ Tensor CudaBackend::concat_cols(const Tensor& a, const Tensor& b) {
   int64_t ca = a.row_size(), cb = b.row_size();
   Tensor out = alloc(a.type, {a.rows(), ca + cb});
   if (a.rows() == 0) return out;
-  if (ca) DI_CUDA_CHECK(cudaMemcpy2D(out.i32(), (ca + cb) * 4, a.i32(), ca * 4, ca * 4, a.rows(), cudaMemcpyDeviceToDevice));
-  if (cb) DI_CUDA_CHECK(cudaMemcpy2D(out.i32() + ca, (ca + cb) * 4, b.i32(), cb * 4, cb * 4, b.rows(), cudaMemcpyDeviceToDevice));
+  if (ca)
+    DI_CUDA_CHECK(cudaMemcpy2DAsync(out.i32(), (ca + cb) * 4, a.i32(), ca * 4, ca * 4, a.rows(), cudaMemcpyDeviceToDevice, 0));
+  if (cb)
+    DI_CUDA_CHECK(
+        cudaMemcpy2DAsync(out.i32() + ca, (ca + cb) * 4, b.i32(), cb * 4, cb * 4, b.rows(), cudaMemcpyDeviceToDevice, 0));
   return out;
 }
 

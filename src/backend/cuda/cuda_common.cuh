@@ -61,4 +61,53 @@ __device__ __forceinline__ float e2m1_to_float(uint8_t c) {
   return (c & 8) ? -v : v;
 }
 
+// ---- exact reductions (device) ----------------------------------------------------------------------
+
+// cpu::dot(x, x, n) bit for bit, computed by one whole warp (every lane gets the result). The CPU sums
+// eight interleaved fp32 chains (chain j: x[8i + j]^2, i ascending), then a sequential tail, combined
+// as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)) + tail. Here the warp loads 32 consecutive floats per
+// step (lanes j, j+8, j+16, j+24 hold chain j's next four terms) and lane j < 8 adds them in order
+// after shuffles; loads run one batch ahead so the chain of n/8 dependent adds, not the memory
+// latency, sets the time. Padding beyond the multiple-of-8 part adds +0, which leaves a sum of squares
+// unchanged.
+__device__ __forceinline__ float warp_sum_squares_exact(const float* __restrict__ x, int64_t n) {
+  constexpr unsigned kAll = 0xffffffffu;
+  constexpr int kU = 16;  // 32-float groups per batch
+  const int lane = threadIdx.x & 31;
+  const int64_t n8 = n - n % 8;
+  float s = 0.0f;
+  float cur[kU], nxt[kU];
+  auto load = [&](float* v, int64_t base) {
+#pragma unroll
+    for (int k = 0; k < kU; ++k) {
+      const int64_t i = base + 32 * k + lane;
+      const float t = i < n8 ? x[i] : 0.0f;
+      v[k] = __fmul_rn(t, t);
+    }
+  };
+  load(cur, 0);
+  for (int64_t base = 0; base < n8; base += 32 * kU) {
+    if (base + 32 * kU < n8) load(nxt, base + 32 * kU);
+#pragma unroll
+    for (int k = 0; k < kU; ++k) {
+      const float b = __shfl_down_sync(kAll, cur[k], 8);
+      const float c = __shfl_down_sync(kAll, cur[k], 16);
+      const float d = __shfl_down_sync(kAll, cur[k], 24);
+      s = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(s, cur[k]), b), c), d);
+    }
+#pragma unroll
+    for (int k = 0; k < kU; ++k) cur[k] = nxt[k];
+  }
+  float tail = 0.0f;
+  if (lane == 0)
+    for (int64_t i = n8; i < n; ++i) tail = __fadd_rn(tail, __fmul_rn(x[i], x[i]));
+  float c[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) c[k] = __shfl_sync(kAll, s, k);
+  tail = __shfl_sync(kAll, tail, 0);
+  return __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0], c[1]), __fadd_rn(c[2], c[3])),
+                             __fadd_rn(__fadd_rn(c[4], c[5]), __fadd_rn(c[6], c[7]))),
+                   tail);
+}
+
 }  // namespace di::cuda

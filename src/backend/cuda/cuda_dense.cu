@@ -63,36 +63,22 @@ int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>(blocks_for(n
 
 // ---- rmsnorm ----------------------------------------------------------------------------------------
 
-// [S, n] four rows per warp, 8 lanes per row. The sum of squares reproduces cpu::dot(x, x, n): lane j
-// of the row's group owns the CPU's fp32 chain j (elements 8i + j, sequential), lane 0 the tail;
-// then ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)) + tail. Reads 8 B and writes 4 B per element (the
-// second read hits L1); the chain is n/8 dependent adds.
+// [S, n] one warp per row. The sum of squares reproduces cpu::dot(x, x, n) bit for bit
+// (cuda::warp_sum_squares_exact: coalesced loads one batch ahead, the CPU's eight fp32 chains on
+// lanes 0-7); then every lane scales its share of the row. Reads 8 B and writes 4 B per element (the
+// second read of x hits L1/L2); the time is the chain of n/8 dependent adds (~1.3 us at n = 5120).
 template <DType kD>
 __global__ void rmsnorm_kernel(const float* __restrict__ x, int64_t S, int64_t n, const uint8_t* __restrict__ w,
                                float eps, float* __restrict__ y) {
-  const int lane = threadIdx.x & 31, j = lane & 7;
-  const int64_t row = ((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5) * 4 + (lane >> 3);
-  const bool active = row < S;
-  const float* xr = x + (active ? row : 0) * n;
-  const int64_t n8 = n - n % 8;
-  float s = 0.0f;
-  if (active)
-    for (int64_t i = j; i < n8; i += 8) s = __fadd_rn(s, __fmul_rn(xr[i], xr[i]));
-  float tail = 0.0f;
-  if (active && j == 0)
-    for (int64_t i = n8; i < n; ++i) tail = __fadd_rn(tail, __fmul_rn(xr[i], xr[i]));
-  float c[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) c[k] = __shfl_sync(kFullMask, s, k, 8);
-  tail = __shfl_sync(kFullMask, tail, 0, 8);
-  if (!active) return;
-  const float dot = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0], c[1]), __fadd_rn(c[2], c[3])),
-                                        __fadd_rn(__fadd_rn(c[4], c[5]), __fadd_rn(c[6], c[7]))),
-                              tail);
+  const int lane = threadIdx.x & 31;
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (row >= S) return;  // whole warps leave together
+  const float* xr = x + row * n;
+  const float dot = cuda::warp_sum_squares_exact(xr, n);
   const float var = __fdiv_rn(dot, static_cast<float>(n));
   const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
   float* yr = y + row * n;
-  for (int64_t i = j; i < n; i += 8) yr[i] = cuda::dq::round_bf16(__fmul_rn(weight_value<kD>(w, i), __fmul_rn(xr[i], inv)));
+  for (int64_t i = lane; i < n; i += 32) yr[i] = cuda::dq::round_bf16(__fmul_rn(weight_value<kD>(w, i), __fmul_rn(xr[i], inv)));
 }
 
 // ---- rope -------------------------------------------------------------------------------------------
@@ -243,7 +229,7 @@ Tensor CudaBackend::rmsnorm(const Tensor& x, const Weight& weight, float eps) {
   check_float_dtype(weight.dtype, "rmsnorm");
   Tensor y = alloc(TType::kF32, {s, n});
   if (s * n == 0) return y;
-  const int grid = static_cast<int>(blocks_for(blocks_for(s, 4) * 32, kThreads));  // 4 rows per warp
+  const int grid = static_cast<int>(blocks_for(s * 32, kThreads));  // one warp per row
   const uint8_t* w = cuda::wdata(weight);
   switch (weight.dtype) {
     case DType::kBF16: rmsnorm_kernel<DType::kBF16><<<grid, kThreads>>>(x.f32(), s, n, w, eps, y.f32()); break;
