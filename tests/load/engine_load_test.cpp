@@ -39,6 +39,15 @@ std::vector<Request> make_requests(std::mt19937_64& rng, int64_t n) {
   std::vector<Request> reqs;
   for (int64_t i = 0; i < n; ++i) {
     Request r;
+    if (i < 6) {
+      // first in line: long requests that outgrow the KV capacity together (forced preemptions)
+      r.prompt_ids = random_tokens(rng, 40);
+      r.sampling.max_tokens = 30;
+      r.sampling.ignore_eos = true;
+      r.sampling.seed = rng();
+      reqs.push_back(std::move(r));
+      continue;
+    }
     if (rng() % 2) r.prompt_ids = prefixes[rng() % prefixes.size()];
     std::vector<int32_t> tail = random_tokens(rng, 1 + rng() % (rng() % 4 == 0 ? 60 : 16));
     r.prompt_ids.insert(r.prompt_ids.end(), tail.begin(), tail.end());
@@ -73,7 +82,8 @@ TEST(EngineLoad, ThousandRequestsCancellationsPreemptions) {
   o.async_scheduling = rng() % 4 != 0;
   o.prefix_cache_bytes = 2'000'000;
   auto engine = std::make_unique<EngineImpl>(o);
-  // room for three requests' local state and 20 pages: running requests outgrow it and get preempted
+  // room for three requests' local state and 20 pages: three 40-token prompts take 15 pages and grow
+  // to 27, so running requests outgrow it and get preempted
   KvLayout l = KvLayout::from_config(engine->config(), o.kv_page_tokens);
   o.kv_capacity_bytes = 3 * l.local_bytes + 20 * l.page_bytes;
   engine = std::make_unique<EngineImpl>(o);
@@ -86,6 +96,7 @@ TEST(EngineLoad, ThousandRequestsCancellationsPreemptions) {
     threads.emplace_back([&, t] {
       std::mt19937_64 trng(seed + 1 + t);
       for (int64_t i = t; i < n; i += 3) {
+        if (i == 6 + t) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the long ones first
         ids[i] = engine->submit(reqs[i]);
         submitted[i] = true;
         if (trng() % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(trng() % 20));
