@@ -1,6 +1,6 @@
 // deepinfer generate [--model DIR] --prompt TEXT [--chat] [--max-tokens N] [--temperature T]
 //                    [--top-p P] [--top-k K] [--seed S] [--device cpu|cuda] [--no-reference-quirks]
-//                    [--prefix-cache off|replay|exact] [--batch-invariant] [--no-async]
+//                    [--prefix-cache off|replay|exact] [--batch-invariant] [--no-async] [--dp N] [--ep N]
 //   Prints the generated text as it is produced.
 // deepinfer generate [--model DIR] --prompts IN.jsonl --output OUT.jsonl [same sampling and engine flags]
 //   Offline batch generation (generate_jsonl.h).
@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "cli/generate_jsonl.h"
+#include "cli/parallel_flags.h"
 #include "core/error.h"
 #include "deepinfer/engine.h"
 
@@ -55,8 +56,11 @@ int generate_one(const Args& args) {
 
 int cmd_generate(const Argv& argv) {
   Args args(argv,
-            with_options(with_options({"prompt", "prompts", "output"}, kEngineValueOptions), kSamplingValueOptions),
+            with_options(with_options(with_options({"prompt", "prompts", "output"}, kEngineValueOptions),
+                                      kSamplingValueOptions),
+                         kParallelValueOptions),
             with_options({"chat", "no-reference-quirks"}, kEngineFlagOptions));
+  parallel_options(args, args.get_or("device", EngineOptions{}.device));  // checked before anything loads
   if (args.has("prompt") == args.has("prompts"))
     throw Error("generate: give exactly one of --prompt TEXT or --prompts FILE.jsonl");
   if (args.has("prompts")) {
