@@ -12,8 +12,10 @@
 
 #include "gpu_test_util.h"
 #include "model/config.h"
+#include "model/model.h"
 #include "model/model_weights.h"
 #include "model/safetensors.h"
+#include "parallel/ep_backend.h"
 #include "parallel/ep_moe.h"
 #include "parallel/nccl_communicator.h"
 
@@ -119,6 +121,54 @@ TEST(NcclEp, MoeEqualsSingleRank) {
     for (auto& g : got) joined.insert(joined.end(), g.begin(), g.end());
     ASSERT_EQ(joined.size(), want.size());
     EXPECT_EQ(0, std::memcmp(joined.data(), want.data(), want.size() * sizeof(float))) << "EP " << world;
+  }
+}
+
+// DP ranks with EP MoE over NCCL on the tiny model: one sequence per rank (rank 0 idle), prefill
+// logits equal the single-rank CPU model's.
+TEST(NcclEp, ModelLogitsEqualOneRank) {
+  if (worlds().empty()) GTEST_SKIP() << "needs >= 2 CUDA devices";
+  std::mt19937_64 rng(gputest::fresh_seed());
+  const std::string dir = std::string(DI_TEST_DATA) + "/golden_dev/model";
+  std::unique_ptr<Backend> ref_be = make_cpu_backend();
+  std::unique_ptr<Model> ref = Model::load(dir, *ref_be);
+  const ModelConfig& cfg = ref->config();
+  for (int world : worlds()) {
+    if (cfg.n_routed_experts % world != 0) continue;
+    std::vector<std::vector<int32_t>> prompts(world);
+    for (int r = 1; r < world; ++r)
+      for (int i = 0, n = 1 + static_cast<int>(rng() % 20); i < n; ++i)
+        prompts[r].push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(cfg.vocab_size)));
+    std::vector<std::vector<float>> got(world);
+    parallel::ExpertPlacement placement = parallel::uniform_placement(cfg.n_routed_experts, world);
+    auto comms = parallel::make_nccl_group(world);
+    run_on(comms, [&](Communicator& comm) {
+      const int me = comm.rank();
+      std::unique_ptr<Backend> cpu = make_cpu_backend();
+      parallel::EpBackend be(*cpu, comm, {placement});
+      std::unique_ptr<Model> model = Model::load(dir, be);
+      if (prompts[me].empty()) {
+        ModelConfig c = load_model_config(dir);
+        std::unique_ptr<Checkpoint> ckpt = Checkpoint::open(dir);
+        ModelWeights w = bind_model_weights(c, *ckpt, *cpu);
+        std::vector<const std::vector<ExpertWeights>*> experts;
+        std::vector<const ExpertWeights*> shared;
+        for (int l = 0; l < c.n_layers; ++l) {
+          experts.push_back(&w.layers[l].experts);
+          shared.push_back(&w.layers[l].shared);
+        }
+        be.idle_forward(experts, shared, static_cast<float>(c.swiglu_limit));
+        return;
+      }
+      SequenceState st = model->new_sequence();
+      got[me] = model->forward(st, prompts[me], true).logits;
+    });
+    for (int r = 1; r < world; ++r) {
+      SequenceState st = ref->new_sequence();
+      std::vector<float> want = ref->forward(st, prompts[r], true).logits;
+      ASSERT_EQ(got[r].size(), want.size());
+      EXPECT_EQ(0, std::memcmp(got[r].data(), want.data(), want.size() * sizeof(float))) << "EP " << world << " rank " << r;
+    }
   }
 }
 
