@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -12,6 +13,15 @@ namespace di {
 namespace {
 
 thread_local bool tls_in_worker = false;
+
+// One parallel region. Workers hold it through a shared_ptr, so a worker that wakes late or is still
+// finishing the previous region only ever touches that region's own counters: a new region can never
+// be counted (or run) by a stale worker.
+struct Job {
+  const std::function<void(int64_t)>* task = nullptr;
+  int64_t n_tasks = 0;
+  std::atomic<int64_t> next{0}, done{0};
+};
 
 class ThreadPool {
  public:
@@ -31,31 +41,31 @@ class ThreadPool {
 
   // Runs task(i) for i in [0, n_tasks) on the workers and the calling thread; returns when done.
   void run(int64_t n_tasks, const std::function<void(int64_t)>& task) {
-    std::unique_lock<std::mutex> lock(run_mu_);  // one parallel region at a time
+    std::unique_lock<std::mutex> region(run_mu_);  // one parallel region at a time
+    auto job = std::make_shared<Job>();
+    job->task = &task;
+    job->n_tasks = n_tasks;
     {
       std::lock_guard<std::mutex> g(mu_);
-      task_ = &task;
-      n_tasks_ = n_tasks;
-      next_.store(0);
-      done_.store(0);
+      job_ = job;
       ++generation_;
     }
     cv_.notify_all();
     tls_in_worker = true;  // a nested parallel_for inside a task runs serially
-    drain();
+    drain(*job);
     tls_in_worker = false;
     std::unique_lock<std::mutex> g(mu_);
-    done_cv_.wait(g, [&] { return done_.load() == n_tasks_; });
-    task_ = nullptr;
+    done_cv_.wait(g, [&] { return job->done.load() == n_tasks; });
+    job_.reset();
   }
 
  private:
-  void drain() {
+  void drain(Job& job) {
     for (;;) {
-      int64_t i = next_.fetch_add(1);
-      if (i >= n_tasks_) break;
-      (*task_)(i);
-      if (done_.fetch_add(1) + 1 == n_tasks_) {
+      int64_t i = job.next.fetch_add(1);
+      if (i >= job.n_tasks) break;
+      (*job.task)(i);
+      if (job.done.fetch_add(1) + 1 == job.n_tasks) {
         std::lock_guard<std::mutex> g(mu_);
         done_cv_.notify_all();
       }
@@ -66,22 +76,22 @@ class ThreadPool {
     tls_in_worker = true;
     uint64_t seen = 0;
     for (;;) {
+      std::shared_ptr<Job> job;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || (generation_ != seen && task_ != nullptr); });
+        cv_.wait(lock, [&] { return stop_ || (generation_ != seen && job_ != nullptr); });
         if (stop_) return;
         seen = generation_;
+        job = job_;
       }
-      drain();
+      drain(*job);
     }
   }
 
   std::vector<std::thread> workers_;
   std::mutex mu_, run_mu_;
   std::condition_variable cv_, done_cv_;
-  const std::function<void(int64_t)>* task_ = nullptr;
-  int64_t n_tasks_ = 0;
-  std::atomic<int64_t> next_{0}, done_{0};
+  std::shared_ptr<Job> job_;  // the open region, or null
   uint64_t generation_ = 0;
   bool stop_ = false;
 };
