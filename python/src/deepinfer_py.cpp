@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/default_model.h"
+#include "runtime/default_model.h"
 #include "core/error.h"
 #include "deepinfer/engine.h"
 
@@ -120,7 +120,7 @@ py::dict stats_dict(const di::EngineStats& s) {
 PYBIND11_MODULE(_deepinfer, m) {
   m.doc() = "DeepInfer engine binding (use the deepinfer package, not this module)";
   py::register_exception<di::Error>(m, "DeepInferError", PyExc_RuntimeError);
-  m.def("default_model_dir", [] { return di::cli::default_model_dir().string(); });
+  m.def("default_model_dir", [] { return di::default_model_dir().string(); });
 
   py::class_<di::SamplingParams>(m, "SamplingParams")
       .def(py::init<>())

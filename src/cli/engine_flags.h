@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cli/args.h"
-#include "cli/default_model.h"
+#include "runtime/default_model.h"
 #include "deepinfer/engine.h"
 
 namespace di::cli {

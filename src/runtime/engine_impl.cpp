@@ -6,15 +6,12 @@
 #include <random>
 
 #include "core/error.h"
+#include "runtime/default_model.h"
 #include "runtime/request_input.h"
 #include "sampling/counter_rng.h"
 
 namespace di {
 namespace {
-
-std::filesystem::path default_model_dir() {
-  return std::filesystem::path(DEEPINFER_SOURCE_DIR) / "models" / "brown-small";  // as cli/default_model.cpp
-}
 
 // Contexts longer than this do not size the default KV capacity (a 1M-token context would ask for
 // 0.9 GB per request on V4.1-Flash).

@@ -1,6 +1,6 @@
-#include "cli/default_model.h"
+#include "runtime/default_model.h"
 
-namespace di::cli {
+namespace di {
 
 // The model that ships in the repository: brown-small, a 17 M-parameter V4.1-architecture model
 // trained on the Brown corpus (tools/train_small), in the released checkpoint format.
@@ -8,4 +8,4 @@ std::filesystem::path default_model_dir() {
   return std::filesystem::path(DEEPINFER_SOURCE_DIR) / "models" / "brown-small";
 }
 
-}  // namespace di::cli
+}  // namespace di

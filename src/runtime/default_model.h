@@ -3,8 +3,8 @@
 
 #include <filesystem>
 
-namespace di::cli {
+namespace di {
 
 std::filesystem::path default_model_dir();
 
-}  // namespace di::cli
+}  // namespace di
