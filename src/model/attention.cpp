@@ -179,23 +179,29 @@ void Model::compress(int layer, const AttnRows& r, int part, Batch& batch) {
     if (ng > 0) {
       // members of the completed groups: the pending tail, then this chunk's rows
       Tensor mk = be.alloc(TType::kF32, {ng * ratio, dh}), ms = be.alloc(TType::kF32, {ng * ratio, dh});
-      for (int64_t t = gw * ratio; t < compress_len * ratio; ++t) {
-        int64_t i = t - gw * ratio;
+      // one copy per contiguous run (tail slots up to a wrap, then the chunk): launches, not rows, cost
+      const int64_t t0 = gw * ratio, t1 = compress_len * ratio;
+      for (int64_t t = t0; t < t1;) {
         if (t < start) {
-          be.copy_rows(mk, i, cache.tail_kv, t % ratio, 1);
-          be.copy_rows(ms, i, cache.tail_score, t % ratio, 1);
+          const int64_t run = std::min({t1, start, t + ratio - t % ratio}) - t;
+          be.copy_rows(mk, t - t0, cache.tail_kv, t % ratio, run);
+          be.copy_rows(ms, t - t0, cache.tail_score, t % ratio, run);
+          t += run;
         } else {
-          be.copy_rows(mk, i, kvf, t - start, 1);
-          be.copy_rows(ms, i, score, t - start, 1);
+          be.copy_rows(mk, t - t0, kvf, t - start, t1 - t);
+          be.copy_rows(ms, t - t0, score, t - start, t1 - t);
+          t = t1;
         }
       }
       latent = be.softmax_pool(mk, ms, ratio);
       be.round_bf16(latent);
       latent = be.rmsnorm(latent, a.comp_norm, eps);
     }
-    for (int64_t t = std::max(start, compress_len * ratio); t < end; ++t) {  // new pending tokens
-      be.copy_rows(cache.tail_kv, t % ratio, kvf, t - start, 1);
-      be.copy_rows(cache.tail_score, t % ratio, score, t - start, 1);
+    for (int64_t t = std::max(start, compress_len * ratio); t < end;) {  // new pending tokens, by runs
+      const int64_t run = std::min(end, t + ratio - t % ratio) - t;
+      be.copy_rows(cache.tail_kv, t % ratio, kvf, t - start, run);
+      be.copy_rows(cache.tail_score, t % ratio, score, t - start, run);
+      t += run;
     }
     // a step short enough to be rolled back keeps its inputs (see rollback_state)
     const bool keep_step = p.n <= cfg_.window;

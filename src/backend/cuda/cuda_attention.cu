@@ -27,6 +27,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kAttnBlock = 64;   // the reference kernel's index block
 constexpr int kAttnWarps = 8;
 constexpr int kHeadsPerWarp = 2;
+constexpr int kAttnOnePass = 0;       // modes of sparse_attention_kernel: online softmax over the whole list
+constexpr int kAttnMaxPass = 1;       // the scores' max per 64-block only
+constexpr int kAttnAfterMaxPass = 2;  // a split of the list, starting from the CPU's running max
 
 // One halving step of transpose_reduce16: lanes with bit `kHalf` set keep the upper half.
 template <int kHalf>
@@ -57,7 +60,7 @@ template <int DPL>
 __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
     const float* __restrict__ q, const float* __restrict__ kv, int64_t n_kv, const int32_t* __restrict__ idx,
     int64_t len, const uint8_t* sink, WType sink_t, float scale, int heads, int dh, bool vec4, int64_t split_len,
-    float* __restrict__ part, float* __restrict__ out) {
+    int mode, float* __restrict__ blk_max, float* __restrict__ part, float* __restrict__ out) {
   constexpr int kHpw = kHeadsPerWarp;
   extern __shared__ float4 smem4[];
   float* tile = reinterpret_cast<float*>(smem4);  // [64, dh]
@@ -82,6 +85,21 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
 
   // this CTA's share of the list: [blockIdx.z * split_len, +split_len) (split_len a multiple of 64)
   const int64_t lo = blockIdx.z * split_len, hi = std::min<int64_t>(len, lo + split_len);
+  const int64_t nblk = (len + kAttnBlock - 1) / kAttnBlock;
+  if (mode == kAttnAfterMaxPass) {
+    // start from the running max the CPU holds when it reaches block lo / 64: the max of the block
+    // maxima before it, so every probability is rounded to bf16 against the CPU's max
+#pragma unroll
+    for (int hh = 0; hh < kHpw; ++hh) {
+      const int h = h0 + hh;
+      float m = -1e30f;
+      if (h < heads)
+        for (int64_t b = lane; b < lo / kAttnBlock; b += 32) m = fmaxf(m, blk_max[(r * heads + h) * nblk + b]);
+#pragma unroll
+      for (int o = 1; o < 32; o *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      run_max[hh] = m;
+    }
+  }
   for (int64_t blk = lo; blk < hi; blk += kAttnBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kAttnBlock, hi - blk));
     __syncthreads();  // the previous tile and ids are consumed
@@ -132,6 +150,19 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
       }
     }
     __syncwarp();
+    if (mode == kAttnMaxPass) {  // block maxima only
+#pragma unroll
+      for (int hh = 0; hh < kHpw; ++hh) {
+        const int h = h0 + hh;
+        const float* ph = pbuf + hh * kAttnBlock;
+        float bmax = fmaxf(ph[lane], ph[lane + 32]);
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, o));
+        if (lane == 0 && h < heads) blk_max[(r * heads + h) * nblk + blk / kAttnBlock] = bmax;
+      }
+      __syncwarp();
+      continue;
+    }
 
     // Online softmax update (fp32 p into the denominator, bf16 p into PV); lane: indices l, l + 32.
 #pragma unroll
@@ -175,6 +206,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
     }
   }
 
+  if (mode == kAttnMaxPass) return;
   if (part != nullptr) {  // a K split: unnormalised acc, max and sum to [r, h, split, dh + 2]
 #pragma unroll
     for (int hh = 0; hh < kHpw; ++hh) {
@@ -240,8 +272,11 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
   const int splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, blocks, 64})));
   const int64_t split_len = ((blocks + splits - 1) / splits) * kAttnBlock;
   const int used = static_cast<int>(std::max<int64_t>(1, (len + split_len - 1) / split_len));  // non-empty splits
-  Tensor part;
-  if (used > 1) part = be.alloc(TType::kF32, {s * heads * used, dh + 2});
+  Tensor part, bmax;
+  if (used > 1) {
+    part = be.alloc(TType::kF32, {s * heads * used, dh + 2});
+    bmax = be.alloc(TType::kF32, {s * heads, blocks});
+  }
   const bool vec4 = dh % 4 == 0 && reinterpret_cast<uintptr_t>(kv) % 16 == 0;  // 16-byte kv row loads
   const size_t smem = (static_cast<size_t>(kAttnBlock) * dh + static_cast<size_t>(nwarps) * kHeadsPerWarp * kAttnBlock) *
                       sizeof(float);
@@ -254,10 +289,19 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
     return true;
   }();
   (void)attr_set;
-  sparse_attention_kernel<DPL>
-      <<<dim3(static_cast<unsigned>(s), static_cast<unsigned>(groups), static_cast<unsigned>(used)), nwarps * 32, smem>>>(
-          q, kv, n_kv, idx, len, sink, sink_t, scale, heads, dh, vec4, used > 1 ? split_len : std::max<int64_t>(len, 1),
-          used > 1 ? part.f32() : nullptr, out);
+  const dim3 grid(static_cast<unsigned>(s), static_cast<unsigned>(groups), static_cast<unsigned>(used));
+  if (used > 1) {  // pass 1: block maxima (QK only); pass 2: the splits, each from the CPU's running max
+    sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(q, kv, n_kv, idx, len, sink, sink_t, scale, heads, dh,
+                                                              vec4, split_len, kAttnMaxPass, bmax.f32(), nullptr, out);
+    DI_CUDA_LAUNCH_CHECK();
+    sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(q, kv, n_kv, idx, len, sink, sink_t, scale, heads, dh,
+                                                              vec4, split_len, kAttnAfterMaxPass, bmax.f32(), part.f32(),
+                                                              out);
+  } else {
+    sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(q, kv, n_kv, idx, len, sink, sink_t, scale, heads, dh,
+                                                              vec4, std::max<int64_t>(len, 1), kAttnOnePass, nullptr,
+                                                              nullptr, out);
+  }
   DI_CUDA_LAUNCH_CHECK();
   if (used > 1) {
     sparse_attention_combine_kernel<<<static_cast<unsigned>(s * heads), 128>>>(part.f32(), used, heads, dh, sink, sink_t,
