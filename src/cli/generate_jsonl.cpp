@@ -105,6 +105,10 @@ int generate_jsonl(const Args& args) {
       {"prefix_lookup_tokens", stats.prefix_lookup_tokens},
       {"prefix_replay_tokens", stats.prefix_replay_tokens},
       {"preemptions", stats.preemptions},
+      {"steps", stats.steps},
+      {"forward_s", stats.busy_seconds},
+      // time between one step's forward ending and the next one's starting (async scheduling shrinks it)
+      {"host_gap_us_per_step", stats.host_gaps > 0 ? 1e6 * stats.host_gap_seconds / stats.host_gaps : 0.0},
       {"load_s", std::chrono::duration<double>(start - load_start).count()},
       {"elapsed_s", seconds},
       {"requests_per_s", per_s(static_cast<double>(ids.size()))},
