@@ -4,20 +4,9 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/mix64.h"
 
 namespace di {
-namespace {
-
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
-}  // namespace
 
 PrefixCache::PrefixCache(int64_t block_tokens, int64_t capacity_bytes) : block_(block_tokens), capacity_(capacity_bytes) {
   if (block_tokens <= 0) throw Error("prefix cache block size: expected a positive number of tokens, got " + std::to_string(block_tokens));
@@ -25,8 +14,8 @@ PrefixCache::PrefixCache(int64_t block_tokens, int64_t capacity_bytes) : block_(
 }
 
 uint64_t PrefixCache::block_key(uint64_t parent, std::span<const int32_t> tokens) {
-  uint64_t h = mix(parent + 0x9E3779B97F4A7C15ull);
-  for (int32_t t : tokens) h = mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x632BE59BD9B4E019ull));
+  uint64_t h = mix64(parent + 0x9E3779B97F4A7C15ull);
+  for (int32_t t : tokens) h = mix64(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x632BE59BD9B4E019ull));
   return h == 0 ? 1 : h;  // 0 means "no parent"
 }
 

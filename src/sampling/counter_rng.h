@@ -13,16 +13,9 @@
 
 #include <cstdint>
 
-namespace di {
+#include "core/mix64.h"
 
-inline constexpr uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
+namespace di {
 
 // 64 random bits for (seed, index, lane).
 inline constexpr uint64_t counter_bits(uint64_t seed, uint64_t index, uint64_t lane = 0) {

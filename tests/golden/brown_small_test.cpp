@@ -17,6 +17,7 @@
 #include "model/quant.h"
 #include "tokenizer/engram_token_map.h"
 #include "tokenizer/tokenizer.h"
+#include "logit_compare.h"
 
 namespace di {
 namespace {
@@ -38,23 +39,6 @@ std::vector<float> read_f16(const std::string& path) {
 }
 
 nlohmann::json reference() { return nlohmann::json::parse(std::ifstream(kData + "/reference.json")); }
-
-double rel_l2(const float* a, const float* ref, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
-std::pair<int64_t, float> top1(const float* v, int64_t n) {
-  int64_t best = std::max_element(v, v + n) - v;
-  float second = -INFINITY;
-  for (int64_t i = 0; i < n; ++i)
-    if (i != best) second = std::max(second, v[i]);
-  return {best, v[best] - second};
-}
 
 TEST(BrownSmall, PrefillLogitsMatchTheTrainingScriptsForward) {
   std::unique_ptr<Backend> backend = make_cpu_backend();

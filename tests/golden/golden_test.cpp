@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "model/model.h"
 #include "runtime/score_run.h"
+#include "logit_compare.h"
 
 namespace di {
 namespace {
@@ -39,23 +40,6 @@ std::vector<float> read_f32(const std::string& path) {
 }
 
 nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); }
-
-double rel_l2(const float* a, const float* ref, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
-std::pair<int64_t, float> top1(const float* v, int64_t n) {
-  int64_t best = std::max_element(v, v + n) - v;
-  float second = -INFINITY;
-  for (int64_t i = 0; i < n; ++i)
-    if (i != best) second = std::max(second, v[i]);
-  return {best, v[best] - second};
-}
 
 // Number of leading rows [rows, width] on which the two official runs agree.
 int64_t reproducible_rows(const std::vector<float>& golden, const std::vector<float>& second, int64_t width) {
