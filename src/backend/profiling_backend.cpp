@@ -22,18 +22,8 @@ namespace {
 
 double tensor_bytes(const Tensor& t) { return static_cast<double>(t.numel()) * (t.type == TType::kU8 ? 1 : 4); }
 
-const char* mode_name(WeightMode m) {
-  switch (m) {
-    case WeightMode::kFp8Block: return "fp8";
-    case WeightMode::kFp4Expert: return "fp4";
-    case WeightMode::kBf16: return "bf16";
-    case WeightMode::kF32: return "f32";
-  }
-  return "?";
-}
-
 std::string shape_label(const char* op, const Weight& w) {
-  return std::string(op) + " " + mode_name(w.mode) + " [" + std::to_string(w.rows) + " x " + std::to_string(w.cols) + "]";
+  return std::string(op) + " " + weight_mode_name(w.mode) + " [" + std::to_string(w.rows) + " x " + std::to_string(w.cols) + "]";
 }
 
 bool is_fp8(const Weight& w) { return w.mode == WeightMode::kFp8Block || w.mode == WeightMode::kFp4Expert; }

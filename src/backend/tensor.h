@@ -46,6 +46,17 @@ enum class WeightMode : uint8_t {
   kF32,        // BF16 or F32 on disk, promoted: fp32 GEMM on the input as given, fp32 output
 };
 
+// "fp8" | "fp4" | "bf16" | "f32": for reports and test messages.
+inline const char* weight_mode_name(WeightMode m) {
+  switch (m) {
+    case WeightMode::kFp8Block: return "fp8";
+    case WeightMode::kFp4Expert: return "fp4";
+    case WeightMode::kBf16: return "bf16";
+    case WeightMode::kF32: return "f32";
+  }
+  return "?";
+}
+
 struct Weight {
   WeightMode mode = WeightMode::kBf16;
   DType dtype = DType::kBF16;      // on-disk dtype of `data`

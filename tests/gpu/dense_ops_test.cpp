@@ -198,18 +198,8 @@ OwnedWeight make_weight(Rng& rng, WeightMode mode, DType dtype, int64_t n, int64
   return gputest::random_bf16_weight(rng, n, k, gpu, 0.05f, mode);
 }
 
-const char* mode_name(WeightMode m) {
-  switch (m) {
-    case WeightMode::kFp8Block: return "fp8";
-    case WeightMode::kFp4Expert: return "fp4";
-    case WeightMode::kBf16: return "bf16";
-    case WeightMode::kF32: return "f32";
-  }
-  return "?";
-}
-
 void check_linear(DenseOps& t, WeightMode mode, DType dtype, int64_t s, int64_t n, int64_t k) {
-  const std::string label = std::string(mode_name(mode)) + "/" + dtype_name(dtype) + " S=" + std::to_string(s) +
+  const std::string label = std::string(weight_mode_name(mode)) + "/" + dtype_name(dtype) + " S=" + std::to_string(s) +
                             " N=" + std::to_string(n) + " K=" + std::to_string(k);
   SCOPED_TRACE(label);
   Rng& rng = t.rng();

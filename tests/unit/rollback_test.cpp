@@ -19,16 +19,8 @@ using testing_util::fresh_seed;
 using testing_util::random_ids;
 using testing_util::slice;
 
-class Rollback : public ::testing::Test {
+class Rollback : public testing_util::TinyModelSuite {
  protected:
-  static void SetUpTestSuite() {
-    backend_ = make_cpu_backend();
-    model_ = testing_util::load_tiny_model(*backend_, false);
-  }
-  static void TearDownTestSuite() {
-    model_.reset();
-    backend_.reset();
-  }
   // Feeds ids (one forward) and seeds the DSpark rings with their features.
   static ForwardResult feed(SequenceState& st, const std::vector<int32_t>& ids, bool all_logits = true) {
     ForwardResult r = model_->forward(st, ids, all_logits);
@@ -41,11 +33,7 @@ class Rollback : public ::testing::Test {
     EXPECT_EQ(da.logits, db.logits) << where;
     EXPECT_EQ(da.confidence, db.confidence) << where;
   }
-  static std::unique_ptr<Backend> backend_;
-  static std::unique_ptr<Model> model_;  // reference_decode_quirks off
 };
-std::unique_ptr<Backend> Rollback::backend_;
-std::unique_ptr<Model> Rollback::model_;
 
 TEST_F(Rollback, EveryAcceptedPrefixEqualsAFreshRun) {
   std::mt19937_64 rng(fresh_seed("Rollback.every_prefix"));

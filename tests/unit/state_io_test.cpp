@@ -30,21 +30,9 @@ std::vector<uint8_t> tensor_bytes(const Tensor& t) {
   return std::vector<uint8_t>(p, p + t.numel() * (t.type == TType::kU8 ? 1 : 4));
 }
 
-class StateIo : public ::testing::Test {
+class StateIo : public testing_util::TinyModelSuite {
  protected:
-  static void SetUpTestSuite() {
-    backend_ = make_cpu_backend();
-    model_ = testing_util::load_tiny_model(*backend_, false);
-  }
-  static void TearDownTestSuite() {
-    model_.reset();
-    backend_.reset();
-  }
-  static std::unique_ptr<Backend> backend_;
-  static std::unique_ptr<Model> model_;  // reference_decode_quirks off
 };
-std::unique_ptr<Backend> StateIo::backend_;
-std::unique_ptr<Model> StateIo::model_;
 
 TEST_F(StateIo, GlobalBytesPerToken) {
   // V4.1-Flash: 3 ratio-2 layers x (288 + 68) / 2 + layer 20's 356 = 890 B (spec §3.1)

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "backend/backend.h"
 #include "model/model.h"
 
@@ -20,6 +22,21 @@ inline std::unique_ptr<Model> load_tiny_model(Backend& backend, bool reference_d
   o.reference_decode_quirks = reference_decode_quirks;
   return Model::load(std::string(DI_TEST_DATA) + "/golden_dev/model", backend, o);
 }
+
+// A test suite sharing one CPU backend and the tiny model (reference_decode_quirks off).
+class TinyModelSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    backend_ = make_cpu_backend();
+    model_ = load_tiny_model(*backend_, false);
+  }
+  static void TearDownTestSuite() {
+    model_.reset();
+    backend_.reset();
+  }
+  static inline std::unique_ptr<Backend> backend_;
+  static inline std::unique_ptr<Model> model_;
+};
 
 inline std::vector<int32_t> random_ids(std::mt19937_64& rng, int64_t n, int vocab) {
   std::vector<int32_t> ids(n);
