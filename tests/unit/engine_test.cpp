@@ -212,7 +212,8 @@ TEST(Engine, SameSeedSameTokensWhateverElseRuns) {
   o.max_running = 3 + rng() % 8;
   auto engine = Engine::create(o);
   expect_same(alone, run_together(*engine, reqs), "together");
-  EXPECT_GT(engine->stats().steps, alone_engine->stats().steps / 4);
+  // the requests really shared steps (alone, each step runs one request)
+  EXPECT_LT(engine->stats().steps, alone_engine->stats().steps);
 }
 
 TEST(Engine, SubmittersOnManyThreads) {
