@@ -46,7 +46,8 @@ struct EngineOptions {
   bool async_scheduling = true;         // prepare step N+1 while step N runs
   bool reference_decode_quirks = false; // reproduce the official reference's decode (tests only)
   int64_t kv_page_tokens = 64;          // positions per KV page (a multiple of every compress ratio)
-  // Prefix-cache block: a multiple of every compress ratio. A replay hit is adopted only when it is
+  // Prefix-cache block: a multiple of kv_page_tokens (its pages are shared with the requests that hit
+  // it, not copied) and of every compress ratio. A replay hit is adopted only when it is
   // longer than the sliding window, so blocks much shorter than the window only matter in kExact.
   int64_t prefix_block_tokens = 64;
 };
@@ -110,6 +111,7 @@ struct EngineStats {
   int64_t discarded_tokens = 0;         // sampled for requests that had finished (async scheduling)
   int64_t preemptions = 0;
   int64_t kv_used_bytes = 0, kv_capacity_bytes = 0, prefix_cache_bytes = 0;
+  int64_t kv_pages_in_use = 0;          // global-KV pool pages held by requests and the prefix cache (shared once)
   double busy_seconds = 0;              // time spent in forward passes
   double host_gap_seconds = 0;          // device idle between steps (async scheduling shrinks it)
   int64_t host_gaps = 0;                // gaps measured (back-to-back steps)

@@ -212,14 +212,16 @@ void Model::compress(int layer, const AttnRows& r, int part, Batch& batch) {
   if (ng == 0) return;
   std::vector<int64_t> gpos(ng);
   for (int64_t j = 0; j < ng; ++j) gpos[j] = (gw + j) * ratio;  // a latent stands for its group's first token
-  reserve_compressed(cache, compress_len, be);
+  SequenceState& state = *p.state;
+  prepare_global_write(state, gw * ratio, compress_len * ratio);
+  const std::vector<int64_t> slots = global_slots(state, layer, gw, ng);
   Tensor k = be.rmsnorm(be.linear(latent, a.idx_wk), a.idx_k_norm, eps);  // [ng, ihd]
   be.rope(k, 1, ihd, rd, gpos, rope_[layer], false);
   be.qdq(k, RowFormat::kFp4Ue8m0);
-  be.pack_rows(k, RowFormat::kFp4Ue8m0, cache.index_keys, iota_slots(gw, ng));
+  be.pack_rows(k, RowFormat::kFp4Ue8m0, state.pool->index_keys(layer), slots);
   be.rope(latent, 1, dh, rd, gpos, rope_[layer], false);
   be.qdq(latent, RowFormat::kFp4E4m3);
-  be.pack_rows(latent, RowFormat::kFp4E4m3, cache.comp, iota_slots(gw, ng));
+  be.pack_rows(latent, RowFormat::kFp4E4m3, state.pool->comp(layer), slots);
   cache.n_comp = std::max(cache.n_comp, compress_len);
   batch.scratch[part].invalidate(layer);
 }
@@ -250,7 +252,9 @@ void Model::compressed_branch(int layer, const AttnRows& r, int part, Batch& bat
       const LayerCache& key_src = state.layers[keys_layer];
       DI_CHECK(key_src.n_comp >= compress_len);
       Tensor& keys = scratch.index_keys[{keys_layer, compress_len}];
-      if (keys.empty()) keys = be.unpack_rows(key_src.index_keys, RowFormat::kFp4Ue8m0, ihd, iota_slots(0, compress_len));
+      if (keys.empty())
+        keys = be.unpack_rows(state.pool->index_keys(keys_layer), RowFormat::kFp4Ue8m0, ihd,
+                              global_slots(state, keys_layer, 0, compress_len));
       const TieBreak ties = options_.reference_decode_quirks ? TieBreak::kTorch : TieBreak::kLowestIndex;
       std::vector<int64_t> visible(nq);
       for (int64_t i = 0; i < nq; ++i) visible[i] = (p.q.first + i + 1) / ratio;
@@ -282,7 +286,8 @@ void Model::compressed_branch(int layer, const AttnRows& r, int part, Batch& bat
   }
   Tensor& unpacked = scratch.comp_rows[{ls.kv_source, compress_len}];
   if (unpacked.empty())
-    unpacked = compress_len > 0 ? be.unpack_rows(src.comp, RowFormat::kFp4E4m3, dh, iota_slots(0, compress_len))
+    unpacked = compress_len > 0 ? be.unpack_rows(state.pool->comp(ls.kv_source), RowFormat::kFp4E4m3, dh,
+                                                 global_slots(state, ls.kv_source, 0, compress_len))
                                 : be.alloc(TType::kF32, {0, dh});
   rows = unpacked;
 }

@@ -44,6 +44,7 @@ std::unique_ptr<Model> Model::load(ModelConfig cfg, std::unique_ptr<Checkpoint> 
   std::unique_ptr<Model> m(new Model(std::move(cfg), std::move(ckpt), backend));
   m->options_ = options;
   m->w_ = bind_model_weights(m->cfg_, *m->ckpt_, backend);
+  m->kv_pool_ = GlobalKvPool::create(m->cfg_, options.kv_page_tokens, backend);
   for (const LayerSchedule& ls : m->cfg_.layers) m->rope_.push_back(rope_table_for(ls, m->cfg_));
   m->engram_ = make_engram_layout(m->cfg_);
   if (m->engram_.n_slots() > 0) {

@@ -74,6 +74,8 @@ struct ModelOptions {
   // Off: every layer scores against its own KV source's keys, and any chunking of a prompt --
   // one-token decode included -- gives the same logits as one prefill.
   bool reference_decode_quirks = true;
+  // Positions per page of the global-KV page pool (a multiple of every compress ratio).
+  int64_t kv_page_tokens = 64;
 };
 
 class Model {
@@ -91,7 +93,9 @@ class Model {
   Backend& backend() { return backend_; }
   bool has_dspark() const { return cfg_.n_mtp_layers > 0 && cfg_.dspark_block_size > 0; }
 
-  SequenceState new_sequence() { return make_sequence_state(cfg_, backend_); }
+  SequenceState new_sequence() { return make_sequence_state(cfg_, backend_, kv_pool_); }
+  // The page pool every sequence of this model keeps its global rows in.
+  GlobalKvPool& kv_pool() { return *kv_pool_; }
 
   // Runs `ids` at positions state.n_tokens.. (a prefill chunk or one decode token) and appends them
   // to the caches. all_logits: one row per token, else the last token's row only. A batch of one.
@@ -148,6 +152,7 @@ class Model {
   std::unique_ptr<Checkpoint> ckpt_;
   Backend& backend_;
   ModelWeights w_;
+  std::shared_ptr<GlobalKvPool> kv_pool_;
   std::vector<RopeTable> rope_;        // per layer
   EngramLayout engram_;
   std::vector<int32_t> engram_token_map_;

@@ -7,36 +7,75 @@
 
 namespace di {
 
-SequenceState make_sequence_state(const ModelConfig& cfg, Backend& backend) {
+SequenceState make_sequence_state(const ModelConfig& cfg, Backend& backend, std::shared_ptr<GlobalKvPool> pool) {
+  DI_CHECK(pool != nullptr);
   SequenceState st;
+  st.pool = std::move(pool);
   for (const LayerSchedule& ls : cfg.layers) {
     LayerCache c;
     c.dspark = ls.is_dspark;
     c.window = backend.zeros(TType::kU8, {cfg.window, packed_row_bytes(RowFormat::kFp8Ue8m0, cfg.head_dim)});
     if (ls.mode == AttnMode::kFull) {
+      DI_CHECK(st.pool->has_rows(ls.layer));
       c.ratio = ls.ratio;
       if (ls.ratio > 1) {
         c.tail_kv = backend.zeros(TType::kF32, {ls.ratio, cfg.head_dim});
         c.tail_score = backend.zeros(TType::kF32, {ls.ratio, cfg.head_dim});
       }
-      c.comp = backend.zeros(TType::kU8, {0, packed_row_bytes(RowFormat::kFp4E4m3, cfg.head_dim)});
-      c.index_keys = backend.zeros(TType::kU8, {0, packed_row_bytes(RowFormat::kFp4Ue8m0, cfg.index_head_dim)});
     }
     st.layers.push_back(std::move(c));
   }
   return st;
 }
 
-void reserve_compressed(LayerCache& cache, int64_t rows, Backend& backend) {
-  if (rows <= cache.comp.rows()) return;
-  int64_t cap = std::max<int64_t>(rows, std::max<int64_t>(64, cache.comp.rows() * 2));
-  auto grow = [&](Tensor& t) {
-    Tensor n = backend.zeros(TType::kU8, {cap, t.row_size()});
-    if (cache.n_comp > 0) backend.copy_rows(n, 0, t, 0, cache.n_comp);
-    t = std::move(n);
-  };
-  grow(cache.comp);
-  grow(cache.index_keys);
+void prepare_global_write(SequenceState& s, int64_t begin, int64_t end) {
+  GlobalKvPool& pool = *s.pool;
+  const int64_t t = pool.page_tokens(), n_pages = (end + t - 1) / t;
+  for (int64_t p = begin / t; p < std::min<int64_t>(n_pages, static_cast<int64_t>(s.pages.size())); ++p) {
+    if (s.pages[p].use_count() == 1) continue;
+    PageRef own = pool.allocate();  // may grow the storage: the tensors are fetched after it
+    for (size_t l = 0; l < s.layers.size(); ++l) {
+      const int64_t rows = pool.rows_per_page(static_cast<int>(l));
+      if (rows == 0) continue;
+      for (Tensor* pt : {&pool.comp(static_cast<int>(l)), &pool.index_keys(static_cast<int>(l))})
+        pool.backend().copy_rows(*pt, own->id() * rows, *pt, s.pages[p]->id() * rows, rows);
+    }
+    s.pages[p] = std::move(own);
+  }
+  while (static_cast<int64_t>(s.pages.size()) < n_pages) s.pages.push_back(pool.allocate());
+}
+
+void for_each_global_run(const SequenceState& s, int layer, int64_t row0, int64_t n,
+                         const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  const int64_t per_page = s.pool->rows_per_page(layer);
+  DI_CHECK(per_page > 0);
+  DI_CHECK_MSG((row0 + n + per_page - 1) / per_page <= static_cast<int64_t>(s.pages.size()),
+               "global rows past the state's pages");
+  for (int64_t r = row0; r < row0 + n;) {
+    int64_t p = r / per_page, pool_row = s.pages[p]->id() * per_page + r % per_page;
+    int64_t run = std::min(row0 + n, (p + 1) * per_page) - r;
+    // whole following pages that sit right after this one in the pool join the run
+    while (r + run < row0 + n && s.pages[p + 1]->id() == s.pages[p]->id() + 1) {
+      ++p;
+      run = std::min(row0 + n, (p + 1) * per_page) - r;
+    }
+    fn(pool_row, r, run);
+    r += run;
+  }
+}
+
+std::vector<int64_t> global_slots(const SequenceState& s, int layer, int64_t row0, int64_t n) {
+  std::vector<int64_t> slots(static_cast<size_t>(n));
+  for_each_global_run(s, layer, row0, n, [&](int64_t pool_row, int64_t row, int64_t run) {
+    for (int64_t i = 0; i < run; ++i) slots[static_cast<size_t>(row - row0 + i)] = pool_row + i;
+  });
+  return slots;
+}
+
+int64_t pages_needed(const SequenceState& s) {
+  int64_t positions = s.n_tokens;
+  for (const LayerCache& c : s.layers) positions = std::max(positions, c.n_comp * c.ratio);
+  return (positions + s.pool->page_tokens() - 1) / s.pool->page_tokens();
 }
 
 namespace {
@@ -140,6 +179,8 @@ void rollback_state(SequenceState& s, const StateCheckpoint& cp, int64_t n_keep,
   if (s.engram_history.size() > static_cast<size_t>(end)) s.engram_history.resize(static_cast<size_t>(end));
   s.dspark_seeded = ds_keep;
   s.n_tokens = end;
+  // pages of the dropped positions go back to the pool
+  if (static_cast<int64_t>(s.pages.size()) > pages_needed(s)) s.pages.resize(static_cast<size_t>(pages_needed(s)));
 }
 
 }  // namespace di

@@ -1,25 +1,27 @@
 // Everything one request carries between forwards (spec §2.9, §3.1), in the packed deployment
-// formats: window rings (FP8 rows + UE8M0 scales), ratio-2 compressor tails (fp32), compressed KV
-// (FP4 + E4M3 scales) and index keys (FP4 + UE8M0 scales) of the Full layers, the Engram history,
-// and the DSpark stages' own window rings. Also the checkpoint / rollback of a speculative step.
+// formats: window rings (FP8 rows + UE8M0 scales), ratio-2 compressor tails (fp32), the page table of
+// its compressed KV (FP4 + E4M3 scales) and index keys (FP4 + UE8M0 scales) of the Full layers -- the
+// rows themselves live in the model's shared page pool (global_kv_pool.h) --, the Engram history, and
+// the DSpark stages' own window rings. Also the checkpoint / rollback of a speculative step.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/global_kv_pool.h"
 
 namespace di {
 
 struct LayerCache {
-  int ratio = 0;                // compress ratio of a Full layer (owns tail / comp / index keys), else 0
+  int ratio = 0;                // compress ratio of a Full layer (owns tail / global rows), else 0
   bool dspark = false;          // a DSpark stage's ring (written by dspark_seed, not by forward)
   Tensor window;                // [window, packed_row(Dh)] U8 ring, slot = position % window
   Tensor tail_kv, tail_score;   // [ratio, Dh] F32 pending compressor group (ratio > 1 Full layers)
-  Tensor comp;                  // [capacity, packed_row(Dh)] U8 compressed KV (Full layers)
-  Tensor index_keys;            // [capacity, packed_row(index_head_dim)] U8 (Full layers)
-  int64_t n_comp = 0;           // compressed rows written
+  int64_t n_comp = 0;           // compressed rows (and index keys) written, in the pages
   // Ratio > 1 Full layers: the compressor inputs of the last forward's tokens when it fed at most
   // `window` of them ([n, Dh] F32 each; empty otherwise), so that rollback_state can rebuild the
   // pending tail of any accepted prefix of a speculative step.
@@ -30,6 +32,10 @@ struct SequenceState {
   int64_t n_tokens = 0;                 // positions already in the caches
   std::vector<int32_t> engram_history;  // compressed ids of every position (Engram)
   std::vector<LayerCache> layers;       // backbone layers then DSpark stages
+  // Global rows: page i holds positions [i * page_tokens, (i + 1) * page_tokens) of every Full layer.
+  // Pages may be shared (prefix cache, clones); a write goes to a page only this state holds.
+  std::shared_ptr<GlobalKvPool> pool;
+  std::vector<PageRef> pages;
   int64_t dspark_seeded = 0;            // positions written into the DSpark rings
   // The Full layer whose index keys the reference's indexers read next: the last one that emitted
   // a compressed row, possibly in an earlier forward (see compressed_branch). -1: none yet.
@@ -39,10 +45,19 @@ struct SequenceState {
   int64_t window_floor = 0;
 };
 
-SequenceState make_sequence_state(const ModelConfig& cfg, Backend& backend);
+SequenceState make_sequence_state(const ModelConfig& cfg, Backend& backend, std::shared_ptr<GlobalKvPool> pool);
 
-// Grows a Full layer's compressed caches to hold `rows` rows (doubling).
-void reserve_compressed(LayerCache& cache, int64_t rows, Backend& backend);
+// Before writing the global rows of positions [begin, end): pages cover [0, end), and those holding
+// [begin, end) are this state's alone (a shared one is copied to a fresh page first).
+void prepare_global_write(SequenceState& s, int64_t begin, int64_t end);
+// Pool rows of a Full layer's rows [row0, row0 + n) (for pack_rows / unpack_rows on the pool).
+std::vector<int64_t> global_slots(const SequenceState& s, int layer, int64_t row0, int64_t n);
+// Calls fn(pool_row, row, run) for runs of rows [row0, row0 + n) of a Full layer that are contiguous
+// in the pool (consecutive pages merge): for whole-row copies.
+void for_each_global_run(const SequenceState& s, int layer, int64_t row0, int64_t n,
+                         const std::function<void(int64_t pool_row, int64_t row, int64_t run)>& fn);
+// Pages the state's counters need: those covering its positions and its global rows.
+int64_t pages_needed(const SequenceState& s);
 
 // What a forward of n new tokens may overwrite: the ring slots of those positions (backbone and
 // DSpark stages), the compressor tails, the counts. Taken just before that forward.

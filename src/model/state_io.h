@@ -1,6 +1,6 @@
-// Copies of a sequence's caches for the prefix cache: a deep copy (exact snapshots), and the
-// global rows of a block of positions -- the compressed KV and index keys of the Full layers in
-// their packed formats, all that SWA bounded replay keeps of a prefix (spec §3.4).
+// Copies of a sequence's caches: a clone (exact snapshots), the global rows of a block of positions
+// -- the compressed KV and index keys of the Full layers in their packed formats, all that SWA
+// bounded replay keeps of a prefix (spec §3.4) -- as copies (GlobalRows) or as shared pages.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,8 @@
 
 namespace di {
 
-// A deep copy: every ring, tail and compressed row, counts and history.
+// A copy that evolves independently: every ring and tail copied, counts and history; the global-row
+// pages shared until either writes one (copy on write).
 SequenceState clone_state(const SequenceState& s, Backend& b);
 
 // Global rows covering positions [begin, end) (multiples of every compress ratio), per Full layer.
@@ -30,6 +31,12 @@ GlobalRows read_global_rows(const SequenceState& s, int64_t begin, int64_t end, 
 // Writes the rows into the state's compressed caches (growing them); n_comp then covers `end`.
 // Throws di::Error when the rows would leave a gap below `begin` or do not match the state's layers.
 void write_global_rows(SequenceState& s, const GlobalRows& rows, Backend& b);
+
+// Zero-copy: the pages holding positions [begin, end) (page-aligned, written), for the prefix cache.
+std::vector<PageRef> share_global_pages(const SequenceState& s, int64_t begin, int64_t end);
+// Appends pages holding positions [begin, begin + pages * page_tokens) to a state whose global rows
+// end at `begin` (= its pages' end); its rows then cover them. Throws di::Error otherwise.
+void adopt_global_pages(SequenceState& s, const std::vector<PageRef>& pages, int64_t begin);
 
 // Bytes of global rows per token (890 B on V4.1-Flash), rounded up when a ratio does not divide.
 int64_t global_bytes_per_token(const ModelConfig& cfg);

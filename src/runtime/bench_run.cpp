@@ -256,6 +256,8 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
   const int64_t context = filler.context();
   std::vector<SequenceState> states;
   states.reserve(static_cast<size_t>(batch));
+  GlobalKvPool& pool = c.model.kv_pool();  // grown once, not by doubling as the states fill
+  pool.reserve(pool.used_pages() + batch * filler.pages_per_sequence());
   for (int b = 0; b < batch; ++b) {
     states.push_back(c.model.new_sequence());
     filler.fill(states.back());

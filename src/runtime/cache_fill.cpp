@@ -49,11 +49,18 @@ CacheFiller::CacheFiller(Model& model, int64_t context, int64_t headroom, uint64
   }
 }
 
+int64_t CacheFiller::pages_per_sequence() const {
+  const int64_t t = model_.kv_pool().page_tokens();
+  return (context_ + headroom_ + t - 1) / t;
+}
+
 void CacheFiller::fill(SequenceState& state) const {
   const ModelConfig& c = model_.config();
   Backend& be = model_.backend();
   DI_CHECK(state.n_tokens == 0 && state.layers.size() == c.layers.size());
   int last_full = -1;
+  prepare_global_write(state, 0, context_ + headroom_);  // pages for the decode steps to come too
+  GlobalKvPool& pool = *state.pool;
   for (const LayerSchedule& ls : c.layers) {
     LayerCache& cache = state.layers[static_cast<size_t>(ls.layer)];
     // window ring: slot p % W holds position p for the last W positions, i.e. every slot once the
@@ -63,11 +70,10 @@ void CacheFiller::fill(SequenceState& state) const {
     // compressed rows of completed groups; a partial group's members would sit in the fp32 tail
     // (left zero: the benchmark's values are random anyway)
     const int64_t rows = context_ / ls.ratio;
-    reserve_compressed(cache, (context_ + headroom_) / ls.ratio + 1, be);
-    if (rows > 0) {
-      be.copy_rows(cache.comp, 0, comp_rows_, 0, rows);
-      be.copy_rows(cache.index_keys, 0, key_rows_, 0, rows);
-    }
+    for_each_global_run(state, ls.layer, 0, rows, [&](int64_t pool_row, int64_t row, int64_t run) {
+      be.copy_rows(pool.comp(ls.layer), pool_row, comp_rows_, row, run);
+      be.copy_rows(pool.index_keys(ls.layer), pool_row, key_rows_, row, run);
+    });
     cache.n_comp = rows;
     if (rows > 0) last_full = ls.layer;
   }

@@ -3,8 +3,8 @@
 // measurement. The caches get valid random packed rows (random f32 rows, quantize-dequantized and
 // packed by the backend's own ops, so every code and scale is one a forward could write) and the
 // counters a prefill of `context` tokens leaves: window rings full, compressed KV and index keys of
-// every Full layer (context / ratio rows, with room for `headroom` more tokens so decode steps do not
-// regrow them), the Engram history, and the index-key source the reference's decode reads next.
+// every Full layer (context / ratio rows, in pool pages taken for `headroom` more tokens as well, so
+// decode steps do not take pages), the Engram history, and the index-key source the reference's decode reads next.
 // All sequences share the same rows (copied device-side from one template); attention cost does not
 // depend on the values.
 #pragma once
@@ -21,6 +21,8 @@ class CacheFiller {
   // `state` must be fresh (Model::new_sequence()).
   void fill(SequenceState& state) const;
   int64_t context() const { return context_; }
+  // Global-KV pool pages one filled sequence holds.
+  int64_t pages_per_sequence() const;
 
  private:
   Model& model_;

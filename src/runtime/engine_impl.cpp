@@ -36,8 +36,10 @@ EngineImpl::EngineImpl(const EngineOptions& options, EngineHooks hooks) : opt_(o
   if (opt_.kv_capacity_bytes < 0) throw Error("kv_capacity_bytes: expected >= 0, got " + std::to_string(opt_.kv_capacity_bytes));
   std::filesystem::path dir = opt_.model_dir.empty() ? default_model_dir() : opt_.model_dir;
   backend_ = make_backend(opt_.device);
+  backend_->set_batch_invariant(opt_.batch_invariant);  // reduction orders independent of the batch
   ModelOptions mo;
   mo.reference_decode_quirks = opt_.reference_decode_quirks;
+  mo.kv_page_tokens = opt_.kv_page_tokens;
   model_ = Model::load(dir, *backend_, mo);
   tok_ = Tokenizer::load(dir);
   const ModelConfig& cfg = model_->config();
@@ -48,6 +50,9 @@ EngineImpl::EngineImpl(const EngineOptions& options, EngineHooks hooks) : opt_(o
   if (opt_.prefix_block_tokens <= 0 || opt_.prefix_block_tokens % replay_align_ != 0)
     throw Error("prefix_block_tokens: expected a positive multiple of every compress ratio (" +
                 std::to_string(replay_align_) + "), got " + std::to_string(opt_.prefix_block_tokens));
+  if (opt_.prefix_block_tokens % opt_.kv_page_tokens != 0)  // a cached block is whole pages, shared
+    throw Error("prefix_block_tokens: expected a multiple of kv_page_tokens (" + std::to_string(opt_.kv_page_tokens) +
+                "), got " + std::to_string(opt_.prefix_block_tokens));
 
   KvLayout layout = KvLayout::from_config(cfg, opt_.kv_page_tokens);
   int64_t capacity = opt_.kv_capacity_bytes;
@@ -608,6 +613,7 @@ void EngineImpl::publish_stats() {
   st_.kv_used_bytes = kv_->used_bytes();
   st_.kv_capacity_bytes = kv_->capacity_bytes();
   st_.prefix_cache_bytes = cache_->bytes();
+  st_.kv_pages_in_use = model_->kv_pool().used_pages();
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_ = st_;
 }

@@ -9,10 +9,9 @@
 //    V4.1-Flash), plus the Engram token history (one int32 per position).
 // The layout is the same on the CPU and CUDA backends.
 //
-// NOTE: this is accounting only. The rows themselves live in each request's SequenceState
-// (src/model/sequence_state.h), contiguous per request, not yet in a shared page pool: the pages
-// here are counts, not addresses, and a SequenceState's doubling growth (reserve_compressed) may
-// hold up to 2x the rows counted. The counts are what a pooled layout would need.
+// The global rows themselves live in the model's shared page pool (src/model/global_kv_pool.h), in
+// pages of the same size; this class decides admission, growth and preemption by bytes. A page a
+// request shares with the prefix cache counts against both budgets (the pool holds it once).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 #include "runtime/memory_report.h"
 
 #include <cstdio>
+#include <set>
 
 #include "backend/device_tools.h"
 
@@ -18,8 +19,7 @@ int64_t bytes_of(const Tensor& t) {
 int64_t sequence_state_bytes(const SequenceState& s) {
   int64_t b = 0;
   for (const LayerCache& c : s.layers)
-    for (const Tensor* t : {&c.window, &c.tail_kv, &c.tail_score, &c.comp, &c.index_keys})
-      b += bytes_of(*t);
+    for (const Tensor* t : {&c.window, &c.tail_kv, &c.tail_score}) b += bytes_of(*t);
   return b;
 }
 
@@ -27,7 +27,11 @@ MemoryReport memory_report(ProfilingBackend& backend, const std::vector<const Se
   MemoryReport r;
   const MemoryStats m = backend.memory();
   r.weights = m.weights;
-  for (const SequenceState* s : states) r.caches += sequence_state_bytes(*s);
+  std::set<const GlobalKvPool*> pools;
+  for (const SequenceState* s : states) {
+    r.caches += sequence_state_bytes(*s);
+    if (s->pool && pools.insert(s->pool.get()).second) r.caches += s->pool->capacity_pages() * s->pool->page_bytes();
+  }
   r.workspace = std::max<int64_t>(0, m.tensors - r.caches);
   r.workspace_peak = std::max<int64_t>(0, m.tensors_peak - r.caches);
   if (backend.name() == "cuda") {

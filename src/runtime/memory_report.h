@@ -15,7 +15,7 @@ namespace di {
 
 struct MemoryReport {
   int64_t weights = 0;         // prepared weights
-  int64_t caches = 0;          // window rings, compressor tails, compressed KV, index keys (capacity)
+  int64_t caches = 0;          // window rings, compressor tails; the global-KV page pool's storage
   int64_t workspace = 0;       // live tensors other than caches, now
   int64_t workspace_peak = 0;  // peak live tensors (since the backend's last reset_peak) minus caches
   bool has_device = false;
@@ -23,7 +23,7 @@ struct MemoryReport {
   int64_t device_other = 0;                   // device_used - weights - live tensors
 };
 
-// Bytes of every tensor a sequence's state holds.
+// Bytes of a sequence's own tensors (window rings, compressor tails); its global rows are in the pool.
 int64_t sequence_state_bytes(const SequenceState& s);
 
 MemoryReport memory_report(ProfilingBackend& backend, const std::vector<const SequenceState*>& states);

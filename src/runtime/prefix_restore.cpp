@@ -12,8 +12,13 @@ Tensor deep_copy(Backend& b, const Tensor& t) {
   return out;
 }
 
-void write_blocks(SequenceState& s, const PrefixCache::Hit& hit, Backend& b) {
-  for (const auto& p : hit.blocks) write_global_rows(s, static_cast<const CachedBlock&>(*p).rows, b);
+void adopt_blocks(SequenceState& s, const PrefixCache::Hit& hit) {
+  std::vector<PageRef> pages;
+  for (const auto& p : hit.blocks) {
+    const auto& blk = static_cast<const CachedBlock&>(*p);
+    pages.insert(pages.end(), blk.pages.begin(), blk.pages.end());
+  }
+  adopt_global_pages(s, pages, 0);
   for (const LayerCache& c : s.layers)
     if (c.ratio > 0) DI_CHECK(c.n_comp * c.ratio == hit.n_tokens);
 }
@@ -34,18 +39,13 @@ std::shared_ptr<const SequenceState> capture_local(const SequenceState& s, Backe
     l.tail_score = deep_copy(b, l.tail_score);
     l.step_kv = Tensor();  // only a rollback right after a forward reads these
     l.step_score = Tensor();
-    if (l.ratio > 0) {
-      l.comp = b.zeros(TType::kU8, {0, l.comp.row_size()});
-      l.index_keys = b.zeros(TType::kU8, {0, l.index_keys.row_size()});
-    }
   }
+  c->pages.clear();
   return c;
 }
 
 int64_t cached_block_bytes(const CachedBlock& block) {
-  int64_t n = 0;
-  for (const Tensor& t : block.rows.comp) n += tensor_bytes(t);
-  for (const Tensor& t : block.rows.index_keys) n += tensor_bytes(t);
+  int64_t n = static_cast<int64_t>(block.pages.size()) * block.page_bytes;
   if (block.local)
     for (const LayerCache& l : block.local->layers)
       n += tensor_bytes(l.window) + tensor_bytes(l.tail_kv) + tensor_bytes(l.tail_score);
@@ -64,13 +64,9 @@ SequenceState restore_exact(Model& model, const PrefixCache::Hit& hit, const std
     l.tail_kv = deep_copy(b, l.tail_kv);
     l.tail_score = deep_copy(b, l.tail_score);
     n_comp.push_back(l.n_comp);
-    if (l.ratio > 0) {  // fresh, empty compressed caches: the blocks fill them in order
-      l.comp = b.zeros(TType::kU8, {0, l.comp.row_size()});
-      l.index_keys = b.zeros(TType::kU8, {0, l.index_keys.row_size()});
-      l.n_comp = 0;
-    }
+    l.n_comp = 0;  // the blocks' pages bring the rows
   }
-  write_blocks(s, hit, b);
+  adopt_blocks(s, hit);
   for (size_t i = 0; i < s.layers.size(); ++i) DI_CHECK(s.layers[i].n_comp == n_comp[i]);
   model.restore_history(s, std::vector<int32_t>(tokens.begin(), tokens.begin() + hit.n_tokens));
   return s;
@@ -80,7 +76,7 @@ SequenceState restore_replay(Model& model, const PrefixCache::Hit& hit, const st
                              int64_t start) {
   DI_CHECK(start >= 0 && start < hit.n_tokens);
   SequenceState s = model.new_sequence();
-  write_blocks(s, hit, model.backend());
+  adopt_blocks(s, hit);
   model.restore_history(s, std::vector<int32_t>(tokens.begin(), tokens.begin() + start));
   set_replay_start(s, start);
   return s;

@@ -1,5 +1,6 @@
-// The V4.1 engine's prefix-cache payload (one block of global rows, plus the local state at the
-// block's end in exact mode) and how a hit becomes a request's caches:
+// The V4.1 engine's prefix-cache payload (one block of global rows -- the pool pages the request that
+// wrote them held, shared, not copied --, plus the local state at the block's end in exact mode) and
+// how a hit becomes a request's caches (its page table starts with the hit's pages):
 //  - exact: the local state of the hit's last block, the global rows of every block and the Engram
 //    history; the request continues at the hit's end H bit-identically to a cold run;
 //  - replay (SWA bounded replay, encoder side, spec §3.4): the global rows of every block and the
@@ -17,12 +18,13 @@
 namespace di {
 
 struct CachedBlock final : PrefixCache::Payload {
-  GlobalRows rows;                             // the block's positions
+  std::vector<PageRef> pages;                  // the block's positions (block_tokens / page_tokens pages)
+  int64_t page_bytes = 0;                      // bytes of one of them
   std::shared_ptr<const SequenceState> local;  // exact mode: local state at the block's end, else null
 };
 
 // The local state of `s` at its current end: window rings, compressor tails and counters. Its
-// compressed caches are left empty (the blocks hold those rows) and so is the Engram history.
+// page table is left empty (the blocks hold those pages) and so is the Engram history.
 std::shared_ptr<const SequenceState> capture_local(const SequenceState& s, Backend& b);
 
 int64_t tensor_bytes(const Tensor& t);

@@ -86,7 +86,8 @@ StepOutput run_step(Model& model, std::vector<StepTask>& tasks, int64_t block_to
         r.first_block = t.capture_from;
         for (int64_t b = t.capture_from; b < n_blocks; ++b) {
           auto blk = std::make_shared<CachedBlock>();
-          blk->rows = read_global_rows(state, b * block_tokens, (b + 1) * block_tokens, backend);
+          blk->pages = share_global_pages(state, b * block_tokens, (b + 1) * block_tokens);
+          blk->page_bytes = state.pool->page_bytes();
           r.captured.push_back(std::move(blk));
         }
         if (t.capture_local && !r.captured.empty() && state.n_tokens % block_tokens == 0)

@@ -137,7 +137,7 @@ TEST(SyntheticCheckpoint, FillsAreValidAndDeterministic) {
 }
 
 // A tiny synthetic model, its caches filled to `context` without a prefill, decodes finite logits,
-// and decode steps within the headroom do not regrow the compressed caches.
+// and decode steps within the headroom take no more pool pages.
 TEST(CacheFiller, DecodesFromAFilledContext) {
   std::mt19937_64 rng(testing_util::fresh_seed("CacheFiller.DecodesFromAFilledContext"));
   std::unique_ptr<Backend> cpu = make_cpu_backend();
@@ -150,29 +150,26 @@ TEST(CacheFiller, DecodesFromAFilledContext) {
   filler.fill(s);
   EXPECT_EQ(s.n_tokens, context);
   EXPECT_EQ(static_cast<int64_t>(s.engram_history.size()), context);
-  std::vector<int64_t> capacity;
+  const int64_t page_tokens = m->kv_pool().page_tokens();
+  EXPECT_EQ(static_cast<int64_t>(s.pages.size()), (context + headroom + page_tokens - 1) / page_tokens);
+  EXPECT_EQ(filler.pages_per_sequence(), static_cast<int64_t>(s.pages.size()));
   for (const LayerSchedule& l : m->config().layers) {
-    const LayerCache& c = s.layers[static_cast<size_t>(l.layer)];
-    if (l.mode == AttnMode::kFull) {
-      EXPECT_EQ(c.n_comp, context / l.ratio) << "layer " << l.layer;
-      EXPECT_GE(c.comp.rows(), (context + headroom) / l.ratio) << "layer " << l.layer;
-    }
-    capacity.push_back(c.comp.rows());
+    if (l.mode != AttnMode::kFull) continue;
+    EXPECT_EQ(s.layers[static_cast<size_t>(l.layer)].n_comp, context / l.ratio) << "layer " << l.layer;
   }
   EXPECT_GT(sequence_state_bytes(s), 0);
+  const int64_t pages_in_use = m->kv_pool().used_pages();
   for (int step = 0; step < headroom; ++step) {
     ForwardResult r = m->forward(s, {static_cast<int32_t>(rng() % static_cast<uint64_t>(m->config().vocab_size))});
     ASSERT_EQ(static_cast<int64_t>(r.logits.size()), m->config().vocab_size);
     for (float x : r.logits) ASSERT_TRUE(std::isfinite(x));
   }
-  for (const LayerSchedule& l : m->config().layers) {
-    EXPECT_EQ(s.layers[static_cast<size_t>(l.layer)].comp.rows(), capacity[static_cast<size_t>(l.layer)]);
-  }
+  EXPECT_EQ(m->kv_pool().used_pages(), pages_in_use);
   // the filled rows are valid packed codes: they unpack to finite values
   const LayerCache& full = s.layers[2];
-  std::vector<int64_t> slots(static_cast<size_t>(full.n_comp));
-  for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int64_t>(i);
-  for (float x : pb.to_host_f32(pb.unpack_rows(full.comp, RowFormat::kFp4E4m3, m->config().head_dim, slots)))
+  ASSERT_GT(full.ratio, 0);
+  const std::vector<int64_t> slots = global_slots(s, 2, 0, full.n_comp);
+  for (float x : pb.to_host_f32(pb.unpack_rows(m->kv_pool().comp(2), RowFormat::kFp4E4m3, m->config().head_dim, slots)))
     ASSERT_TRUE(std::isfinite(x));
 }
 

@@ -80,8 +80,9 @@ TEST_F(ChunkedPrefill, CachesUseThePackedDeploymentFormats) {
     const LayerCache& c = st.layers[ls.layer];
     EXPECT_EQ(c.window.row_size(), cfg.head_dim + cfg.head_dim / 32);  // 528 B for 512 dims
     if (ls.mode == AttnMode::kFull) {
-      EXPECT_EQ(c.comp.row_size(), cfg.head_dim / 2 + cfg.head_dim / 16);            // 288 B for 512
-      EXPECT_EQ(c.index_keys.row_size(), cfg.index_head_dim / 2 + cfg.index_head_dim / 32);  // 68 B for 128
+      GlobalKvPool& pool = *st.pool;  // the rows live in the model's page pool
+      EXPECT_EQ(pool.comp(ls.layer).row_size(), cfg.head_dim / 2 + cfg.head_dim / 16);  // 288 B for 512
+      EXPECT_EQ(pool.index_keys(ls.layer).row_size(), cfg.index_head_dim / 2 + cfg.index_head_dim / 32);  // 68 B for 128
       EXPECT_EQ(c.n_comp, 5 / ls.ratio);
     }
   }
