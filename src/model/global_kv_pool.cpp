@@ -74,10 +74,11 @@ PageRef GlobalKvPool::allocate() {
   bool grow = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    grow = free_.empty();
-    if (grow && max_pages_ > 0 && capacity_ >= max_pages_)
+    const int64_t used = capacity_ - static_cast<int64_t>(free_.size());
+    if (max_pages_ > 0 && used >= max_pages_)
       throw Error("kv page pool exhausted: all " + std::to_string(max_pages_) + " pages of " +
                   std::to_string(page_bytes_) + " B are in use");
+    grow = free_.empty();
   }
   if (grow) {  // only this (the forward) thread takes pages, so there is still none free
     int64_t want = std::max<int64_t>(4, capacity_ * 2);

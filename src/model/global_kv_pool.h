@@ -54,8 +54,8 @@ class GlobalKvPool : public std::enable_shared_from_this<GlobalKvPool> {
   int64_t rows_per_page(int layer) const { return rows_per_page_.at(static_cast<size_t>(layer)); }
   bool has_rows(int layer) const { return rows_per_page(layer) > 0; }
 
-  // Upper bound on pages (0: none). allocate() fails past it. Lowering it below the pages in use
-  // is an error.
+  // Upper bound on pages in use (0: none). allocate() fails past it. Lowering it below the pages
+  // in use is an error.
   void set_max_pages(int64_t pages);
   int64_t max_pages() const { return max_pages_; }
   // Pages the storage holds now (it grows by doubling as pages are taken).

@@ -60,6 +60,8 @@ class EngineImpl final : public Engine {
   std::string detokenize(const std::vector<int32_t>& ids) const override;
 
   const ModelConfig& config() const { return model_->config(); }
+  // Bytes of one page of the model's global-KV pool (fixed at load).
+  int64_t kv_page_bytes() const { return model_->kv_pool().page_bytes(); }
   // Requests the engine thread still holds (0 once everything has finished and been dropped).
   int64_t n_live() const { return n_live_.load(); }
 

@@ -166,6 +166,8 @@ TEST(EngineLoad, ThousandRequestsCancellationsPreemptions) {
   EXPECT_EQ(s.running, 0);
   EXPECT_EQ(s.waiting, 0);
   EXPECT_EQ(s.kv_used_bytes, 0);
+  // the pool's pages in use are the prefix cache's (its exact-mode bytes also count local state)
+  EXPECT_LE(s.kv_pages_in_use * engine->kv_page_bytes(), s.prefix_cache_bytes);
   engine.reset();
 
   // every output equals the request run alone (cold: no prefix cache); a cancelled one is a prefix

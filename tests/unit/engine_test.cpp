@@ -216,6 +216,34 @@ TEST(Engine, SameSeedSameTokensWhateverElseRuns) {
   EXPECT_LT(engine->stats().steps, alone_engine->stats().steps);
 }
 
+// The global rows live in the model's page pool: once every request has ended, the only pages in
+// use are the prefix cache's (its blocks hold whole pages), so nothing leaked.
+TEST(Engine, PoolPagesReturnWhenRequestsEnd) {
+  std::mt19937_64 rng(testing_util::fresh_seed("Engine.PoolPagesReturnWhenRequestsEnd"));
+  std::vector<Request> reqs = mixed_requests(rng, 12, 60, 12);
+  for (size_t i = 1; i < reqs.size(); i += 2) {  // half share a prefix with the request before them
+    const size_t keep = std::min(reqs[i - 1].prompt_ids.size(), static_cast<size_t>(24));
+    reqs[i].prompt_ids.insert(reqs[i].prompt_ids.begin(), reqs[i - 1].prompt_ids.begin(),
+                              reqs[i - 1].prompt_ids.begin() + keep);
+  }
+  for (PrefixCacheMode mode : {PrefixCacheMode::kOff, PrefixCacheMode::kReplay}) {
+    EngineOptions o = base_options();
+    o.prefix_cache = mode;
+    EngineImpl e(o);
+    run_alone(e, std::vector<Request>(reqs.begin(), reqs.begin() + 4));
+    run_together(e, reqs);
+    for (int k = 0; k < 200 && e.n_live() > 0; ++k) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_EQ(e.n_live(), 0);
+    EngineStats s = e.stats();
+    EXPECT_EQ(s.kv_used_bytes, 0);
+    // replay-mode blocks hold their pages and nothing else
+    EXPECT_EQ(s.kv_pages_in_use * e.kv_page_bytes(), s.prefix_cache_bytes) << "mode " << static_cast<int>(mode);
+    if (mode == PrefixCacheMode::kReplay) {
+      EXPECT_GT(s.prefix_cache_bytes, 0);
+    }
+  }
+}
+
 TEST(Engine, SubmittersOnManyThreads) {
   std::mt19937_64 rng(testing_util::fresh_seed("Engine.SubmittersOnManyThreads"));
   std::vector<Request> reqs = mixed_requests(rng, 16);

@@ -17,9 +17,11 @@
 
 namespace di::testing_util {
 
-inline std::unique_ptr<Model> load_tiny_model(Backend& backend, bool reference_decode_quirks) {
+inline std::unique_ptr<Model> load_tiny_model(Backend& backend, bool reference_decode_quirks,
+                                              int64_t kv_page_tokens = 64) {
   ModelOptions o;
   o.reference_decode_quirks = reference_decode_quirks;
+  o.kv_page_tokens = kv_page_tokens;
   return Model::load(std::string(DI_TEST_DATA) + "/golden_dev/model", backend, o);
 }
 
