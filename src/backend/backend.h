@@ -39,6 +39,14 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
 
+  // Batch-invariant mode (EngineOptions::batch_invariant): when on, every op's result for a row is
+  // independent of the other rows of the call and of their number -- launch shapes may still follow
+  // the row count, but reduction orders (K splits, list splits) are chosen from the other dimensions
+  // only. Off (the default): a backend may pick reduction orders for speed at each row count. The
+  // CPU backend ignores it: its ops already reduce every row in an order fixed by the row alone.
+  // The CUDA backend's policy and audit: src/backend/cuda/batch_invariance.cuh.
+  virtual void set_batch_invariant(bool on) { (void)on; }
+
   // --- memory -----------------------------------------------------------------------------------
   virtual Tensor alloc(TType type, const std::vector<int64_t>& shape) = 0;  // contents undefined
   virtual Tensor zeros(TType type, const std::vector<int64_t>& shape) = 0;

@@ -1,14 +1,15 @@
 // deepinfer bench (--model DIR | --synthetic v41-flash|v41-tiny [--layers N]) [--device cpu|cuda]
 //                 [--batch 1,8,64,256] [--context 4096,32768] [--prefill 8192] [--prefill-chunk 2048]
 //                 [--iters 3] [--prefill-iters 1] [--profile-batch 1] [--no-profile] [--no-ceilings]
-//                 [--time-budget SECONDS] [--seed S] [--json]
+//                 [--time-budget SECONDS] [--seed S] [--batch-invariant] [--json]
 // Decode steps and prefill timed as a whole, per layer and per op, with bytes, FLOPs and roofline
 // efficiency against ceilings measured in the same run (runtime/bench_run.h). --synthetic builds a
 // random checkpoint with the released dimensions (model/synthetic_checkpoint.h), generated straight
 // into GPU memory with --device cuda. --json prints every measurement as one JSON object per line
 // (lines starting with '{'), then the tables. --time-budget skips the measurements that would start
 // after that many seconds (batch 1 and the prefill run first). The model runs with the engine's defaults
-// (reference decode quirks off: device-side top-k).
+// (reference decode quirks off: device-side top-k). --batch-invariant: the backend's batch-invariant
+// mode (EngineOptions::batch_invariant), to measure what it costs.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -48,7 +49,7 @@ int cmd_bench(const Argv& argv) {
   Args args(argv,
             {"model", "synthetic", "layers", "device", "batch", "context", "prefill", "prefill-chunk", "iters",
              "prefill-iters", "profile-batch", "seed", "time-budget"},
-            {"json", "no-profile", "no-ceilings"});
+            {"json", "no-profile", "no-ceilings", "batch-invariant"});
   const std::string device_name = args.get_or("device", "cpu");
   if (args.has("model") == args.has("synthetic")) throw Error("bench: give exactly one of --model DIR or --synthetic PRESET");
 
@@ -87,6 +88,7 @@ int cmd_bench(const Argv& argv) {
   for (const std::string& a : argv) command += " " + a;
   std::unique_ptr<Backend> inner = make_backend(device_name);
   ProfilingBackend pb(*inner);
+  pb.set_batch_invariant(args.flag("batch-invariant"));
   const std::string dev = device_name == "cuda" ? device::name() : "cpu";
   std::printf("command: %s\ndevice: %s\n", command.c_str(), dev.c_str());
   std::fflush(stdout);

@@ -16,6 +16,9 @@
 # but none of the Debian -dev packages, and has no network, so route 1 is the expected one.
 # Env: DI_GPU_PREBUILT=1 (force 1), DI_GPU_BUILD=1 (force 2), DI_GPU_BUNDLE (another bundle path),
 # GTEST_FILTER, DI_GPU_SEED (replay a printed seed).
+# gpu_tests holds every tests/gpu/*.cpp, among them the batch-invariant mode's bit-for-bit checks
+# (batch_invariance_test.cpp, BatchInvariance.*; GTEST_FILTER='BatchInvariance.*' runs only them). A
+# bundle built before that file existed lacks them: that is logged and fails the run.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 2
@@ -85,6 +88,10 @@ esac
 
 # ---- tests ----------------------------------------------------------------------------------------
 status=0
+if ! "$GPU_TESTS" --gtest_list_tests 2>/dev/null | grep -q '^BatchInvariance\.'; then
+  log "$GPU_TESTS has no BatchInvariance tests (built before tests/gpu/batch_invariance_test.cpp): rebuild it"
+  status=1
+fi
 log "gpu_tests ${GTEST_FILTER:+(filter $GTEST_FILTER)}"
 run_logged timeout 480 "$GPU_TESTS" --gtest_output="xml:$DEST/gpu_tests.xml" ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"}
 rc=$?

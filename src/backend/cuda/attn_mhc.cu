@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/attn_common.cuh"
+#include "backend/cuda/batch_invariance.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 
@@ -207,9 +208,9 @@ Tensor CudaBackend::hc_mixes(const Tensor& x, int hc, const Weight& fn, const We
   Tensor out = alloc(TType::kF32, {s, mix});
   if (s == 0) return out;
   DI_CHECK(n > 0 && s <= 65535);
-  // K chunks per row: enough CTAs for about two waves of the 132 SMs, at least 256 elements each.
-  const int64_t want = std::max<int64_t>(1, 264 / s);
-  const int splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, n / 256)));
+  // K chunks per row: enough CTAs for about two waves of the 132 SMs, at least 256 elements each
+  // (batch-invariant mode: the count of one row, at every row count; batch_invariance.cuh).
+  const int splits = cuda::bi::hc_mixes_splits(batch_invariant_, s, n);
   const int64_t chunk = (n + splits - 1) / splits;
   Tensor part = alloc(TType::kF32, {s, splits * mix * 2});  // fp64 chunk sums
   Tensor rs = alloc(TType::kF32, {s});

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/attn_common.cuh"
 #include "backend/cuda/attn_topk.cuh"
+#include "backend/cuda/batch_invariance.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 
@@ -262,20 +263,27 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
                              const int32_t* idx, int64_t len, const uint8_t* sink, WType sink_t, float scale,
                              float* out, CudaBackend& be) {
   // Decode has one query row per launch: fewer heads per CTA and the list split over CTAs (partials
-  // merged by a second kernel) so that ~two waves of the 132 SMs share the work.
+  // merged by a second kernel) so that ~two waves of the 132 SMs share the work. The batch-invariant
+  // mode splits every list into single 64-blocks instead, whatever the row count
+  // (batch_invariance.cuh); warps per CTA only regroup heads, so they may follow the row count.
   const int64_t blocks = (len + kAttnBlock - 1) / kAttnBlock;
   int nwarps = std::min(kAttnWarps, (heads + kHeadsPerWarp - 1) / kHeadsPerWarp);
   if (s * ((heads + nwarps * kHeadsPerWarp - 1) / (nwarps * kHeadsPerWarp)) * blocks < 264)
     nwarps = std::min(nwarps, 4);
   const int groups = (heads + nwarps * kHeadsPerWarp - 1) / (nwarps * kHeadsPerWarp);
-  const int64_t want = std::max<int64_t>(1, 264 / (s * groups));
-  const int splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, blocks, 64})));
-  const int64_t split_len = ((blocks + splits - 1) / splits) * kAttnBlock;
-  const int used = static_cast<int>(std::max<int64_t>(1, (len + split_len - 1) / split_len));  // non-empty splits
+  const cuda::bi::ListSplit split = cuda::bi::sparse_attention_split(be.batch_invariant(), s, groups, blocks);
+  const int64_t split_len = split.blocks_per_split * kAttnBlock;
+  const int used =  // non-empty splits (split_len is 0 only for an empty list)
+      split_len > 0 ? static_cast<int>(std::max<int64_t>(1, (len + split_len - 1) / split_len)) : 1;
+  const bool merge = used > 1 || split.always_merge;
+  // Rows per launch: all of them, except that the invariant mode bounds its partials' memory.
+  const int64_t part_row_bytes = static_cast<int64_t>(heads) * used * (dh + 2) * 4;
+  const int64_t rows_per_launch =
+      be.batch_invariant() ? std::clamp<int64_t>(cuda::bi::kMaxSplitPartialBytes / part_row_bytes, 1, s) : s;
   Tensor part, bmax;
-  if (used > 1) {
-    part = be.alloc(TType::kF32, {s * heads * used, dh + 2});
-    bmax = be.alloc(TType::kF32, {s * heads, blocks});
+  if (merge) {
+    part = be.alloc(TType::kF32, {rows_per_launch * heads * used, dh + 2});
+    bmax = be.alloc(TType::kF32, {rows_per_launch * heads, blocks});
   }
   const bool vec4 = dh % 4 == 0 && reinterpret_cast<uintptr_t>(kv) % 16 == 0;  // 16-byte kv row loads
   const size_t smem = (static_cast<size_t>(kAttnBlock) * dh + static_cast<size_t>(nwarps) * kHeadsPerWarp * kAttnBlock) *
@@ -289,24 +297,31 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
     return true;
   }();
   (void)attr_set;
-  const dim3 grid(static_cast<unsigned>(s), static_cast<unsigned>(groups), static_cast<unsigned>(used));
-  if (used > 1) {  // pass 1: block maxima (QK only); pass 2: the splits, each from the CPU's running max
-    sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(q, kv, n_kv, idx, len, sink, sink_t, scale, heads, dh,
-                                                              vec4, split_len, kAttnMaxPass, bmax.f32(), nullptr, out);
+  for (int64_t r0 = 0; r0 < s; r0 += rows_per_launch) {
+    const int64_t rows = std::min(rows_per_launch, s - r0);
+    const float* qr = q + r0 * heads * dh;
+    const int32_t* ir = idx + r0 * len;
+    float* outr = out + r0 * heads * dh;
+    const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(groups), static_cast<unsigned>(used));
+    if (merge) {  // pass 1: block maxima (QK only); pass 2: the splits, each from the CPU's running max
+      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, kv, n_kv, ir, len, sink, sink_t, scale, heads, dh,
+                                                                vec4, split_len, kAttnMaxPass, bmax.f32(), nullptr,
+                                                                outr);
+      DI_CUDA_LAUNCH_CHECK();
+      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, kv, n_kv, ir, len, sink, sink_t, scale, heads, dh,
+                                                                vec4, split_len, kAttnAfterMaxPass, bmax.f32(),
+                                                                part.f32(), outr);
+    } else {
+      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, kv, n_kv, ir, len, sink, sink_t, scale, heads, dh,
+                                                                vec4, std::max<int64_t>(len, 1), kAttnOnePass, nullptr,
+                                                                nullptr, outr);
+    }
     DI_CUDA_LAUNCH_CHECK();
-    sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(q, kv, n_kv, idx, len, sink, sink_t, scale, heads, dh,
-                                                              vec4, split_len, kAttnAfterMaxPass, bmax.f32(), part.f32(),
-                                                              out);
-  } else {
-    sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(q, kv, n_kv, idx, len, sink, sink_t, scale, heads, dh,
-                                                              vec4, std::max<int64_t>(len, 1), kAttnOnePass, nullptr,
-                                                              nullptr, out);
-  }
-  DI_CUDA_LAUNCH_CHECK();
-  if (used > 1) {
-    sparse_attention_combine_kernel<<<static_cast<unsigned>(s * heads), 128>>>(part.f32(), used, heads, dh, sink, sink_t,
-                                                                               out);
-    DI_CUDA_LAUNCH_CHECK();
+    if (merge) {
+      sparse_attention_combine_kernel<<<static_cast<unsigned>(rows * heads), 128>>>(part.f32(), used, heads, dh, sink,
+                                                                                    sink_t, outr);
+      DI_CUDA_LAUNCH_CHECK();
+    }
   }
 }
 

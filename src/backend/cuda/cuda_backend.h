@@ -12,6 +12,9 @@ class CudaBackend final : public Backend {
   CudaBackend();
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
+  // Reduction orders chosen without the row count (batch_invariance.cuh); off by default.
+  void set_batch_invariant(bool on) override { batch_invariant_ = on; }
+  bool batch_invariant() const { return batch_invariant_; }
 
   Tensor alloc(TType type, const std::vector<int64_t>& shape) override;
   Tensor zeros(TType type, const std::vector<int64_t>& shape) override;
@@ -69,6 +72,7 @@ class CudaBackend final : public Backend {
   Tensor moe_experts_listed(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                             const ExpertWeights& shared, float swiglu_limit);
   int64_t weight_bytes_ = 0;
+  bool batch_invariant_ = false;
 };
 
 }  // namespace di

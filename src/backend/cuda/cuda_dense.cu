@@ -209,7 +209,7 @@ Tensor CudaBackend::linear(const Tensor& x, const Weight& w) {
   Tensor y = alloc(TType::kF32, {s, w.rows});
   switch (w.mode) {
     case WeightMode::kFp8Block:
-    case WeightMode::kFp4Expert: cuda::dense::quantized_linear(x.f32(), s, w, y.f32()); break;
+    case WeightMode::kFp4Expert: cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_); break;
     case WeightMode::kBf16: cuda::dense::float_linear(x.f32(), s, w, true, y.f32()); break;
     case WeightMode::kF32: cuda::dense::float_linear(x.f32(), s, w, false, y.f32()); break;
   }

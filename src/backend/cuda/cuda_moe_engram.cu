@@ -140,13 +140,14 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const MoeRoute& route, const st
   dense::quantize_activation(x.f32(), s, d, xc, xs);
   const int slots = static_cast<int>(std::min(n_exp, n));
   const int nt = dense::nt_for(std::min<int64_t>(s, mma::kTokTile));
+  const moe::GroupedSplitMode split_mode{batch_invariant_, std::min(n_exp, k)};
 
   // gate and up: [n, inter] each, rows in sorted-entry order
   float* gate = workspace_as<float>(Ws::kMoeGate, static_cast<size_t>(n * inter));
   float* up = workspace_as<float>(Ws::kMoeUp, static_cast<size_t>(n * inter));
   moe::GroupedArgs a1{xc, xs, lists.tok_of, lists, static_cast<int>((inter + mma::kCtaRows - 1) / mma::kCtaRows),
                       static_cast<int>(inter), static_cast<int>(d), static_cast<int>(n)};
-  moe::grouped_fp4_gemm(a1, tables, gate, tables + n_exp, up, slots, nt);
+  moe::grouped_fp4_gemm(a1, tables, gate, tables + n_exp, up, slots, nt, split_mode);
 
   // h = SwiGLU x routing weight, FP8-quantized for the down projection
   uint8_t* hc = workspace_as<uint8_t>(Ws::kMoeHCodes, static_cast<size_t>(n * inter));
@@ -156,7 +157,7 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const MoeRoute& route, const st
   float* down = workspace_as<float>(Ws::kMoeDown, static_cast<size_t>(n * d));
   moe::GroupedArgs a2{hc, hs, nullptr, lists, static_cast<int>((d + mma::kCtaRows - 1) / mma::kCtaRows),
                       static_cast<int>(d), static_cast<int>(inter), static_cast<int>(n)};
-  moe::grouped_fp4_gemm(a2, tables + 2 * n_exp, down, nullptr, nullptr, slots, nt);
+  moe::grouped_fp4_gemm(a2, tables + 2 * n_exp, down, nullptr, nullptr, slots, nt, split_mode);
 
   Tensor ys = run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit);
   DI_CHECK(ys.rows() == s && ys.row_size() == d);

@@ -10,6 +10,8 @@
 //
 // Layout: a CTA owns 128 output features x one K range x up to 64 tokens; grid (ceil(N/128),
 // splits, ceil(M/64)). Weight bytes are read once per launch for M <= 64 (once per 64 tokens above).
+// In the batch-invariant mode the split count is the one-row plan at every M (batch_invariance.cuh);
+// where those splits would not fit in one wave, each CTA runs them itself (grid.y = 1), same sums.
 //
 // Float weights (kBf16, kF32, grouped wo_a): one warp per output feature, lanes split K in 8-element
 // chunks, up to 8 rows per pass, warp-shuffle reduction. Summation order differs from the CPU's
@@ -20,6 +22,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/batch_invariance.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/dense_linear.cuh"
@@ -66,21 +69,34 @@ __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, u
 // Bytes per launch: the weight and its scales once (M <= 64), the activation per 128 output
 // features (L2), 4*M*N written, plus 8*splits*M*N of partial sums (L2) when K is split. The split
 // partials are summed in split order by the last CTA of a row block (`fixup`, small M*splits) or by
-// reduce_splits_kernel.
-template <mma::WFmt F, int NT>
+// reduce_splits_kernel. kInlineSplits (batch-invariant mode, grid.y = 1): the CTA itself runs the
+// `inline_splits` K ranges of the plan, each into fresh accumulators, and adds them in split order
+// from zero, as mma::sum_splits adds the partials of split CTAs: the same result bits.
+template <mma::WFmt F, int NT, bool kInlineSplits>
 __global__ void __launch_bounds__(mma::kThreads)
     quantized_linear_kernel(mma::ActSource src, int M, const uint8_t* __restrict__ w,
                             const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int kb_per_split,
-                            bool fixup, float* __restrict__ partial, unsigned* __restrict__ counters,
-                            float* __restrict__ y) {
+                            int inline_splits, bool fixup, float* __restrict__ partial,
+                            unsigned* __restrict__ counters, float* __restrict__ y) {
   using namespace mma;
   const int warp = threadIdx.x >> 5;
   const int row0 = blockIdx.x * kCtaRows + warp * kWarpRows;
   const int t0 = blockIdx.z * kTokTile;
   const int count = min(kTokTile, M - t0);
   const int nb = K / 32, split = blockIdx.y, splits = gridDim.y;
-  const int kb0 = split * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
   float acc[2][NT][4] = {};
+  if constexpr (kInlineSplits) {
+    for (int sp = 0; sp < inline_splits; ++sp) {
+      float part[2][NT][4] = {};
+      const int kb0 = sp * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
+      cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, part);
+      add_split(acc, part);
+    }
+    for_each_acc(acc, row0, N, count,
+                 [&](int r, int t, float v) { y[static_cast<int64_t>(t0 + t) * N + r] = dq::round_bf16(v); });
+    return;
+  }
+  const int kb0 = split * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
   cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, acc);
   if (splits == 1) {
     for_each_acc(acc, row0, N, count,
@@ -109,7 +125,8 @@ template <mma::WFmt F, int NT>
 int resident_ctas() {
   static const int n = [] {
     int v = 0;
-    DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, quantized_linear_kernel<F, NT>, mma::kThreads, 0));
+    DI_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, quantized_linear_kernel<F, NT, false>, mma::kThreads, 0));
     return std::max(v, 1);
   }();
   return n;
@@ -118,7 +135,7 @@ int resident_ctas() {
 int sm_count();
 
 template <mma::WFmt F, int NT>
-void launch_quantized(const float* x, int64_t M, const Weight& w, float* y) {
+void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool invariant) {
   const int64_t K = w.cols, N = w.rows, nb = K / 32;
   mma::ActSource src{nullptr, nullptr, x};
   if (NT > 2) {  // larger batches: quantize once in a prologue instead of once per 128 outputs
@@ -128,7 +145,17 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y) {
     src = mma::ActSource{codes, scales, nullptr};
   }
   const int64_t row_ctas = (N + mma::kCtaRows - 1) / mma::kCtaRows, chunks = (M + mma::kTokTile - 1) / mma::kTokTile;
-  const SplitPlan plan = plan_split(row_ctas * chunks, nb, NT, resident_ctas<F, NT>() * sm_count());
+  const int64_t capacity = resident_ctas<F, NT>() * sm_count();
+  const SplitPlan plan =
+      bi::linear_k_split(invariant, row_ctas, chunks, nb, NT, capacity, resident_ctas<F, 1>() * sm_count());
+  if (!bi::splits_on_ctas(invariant, row_ctas * chunks, plan.splits, capacity, plan.splits * M * N * 4)) {
+    const dim3 grid(static_cast<unsigned>(row_ctas), 1u, static_cast<unsigned>(chunks));
+    quantized_linear_kernel<F, NT, true><<<grid, mma::kThreads>>>(
+        src, static_cast<int>(M), wdata(w), wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K),
+        plan.kb_per_split, plan.splits, false, nullptr, nullptr, y);
+    DI_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const bool fixup = std::min<int64_t>(M, mma::kTokTile) * plan.splits <= 32;
   float* partial = nullptr;
   unsigned* counters = nullptr;
@@ -137,9 +164,9 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y) {
     if (fixup) counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(row_ctas * chunks));
   }
   const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(chunks));
-  quantized_linear_kernel<F, NT><<<grid, mma::kThreads>>>(src, static_cast<int>(M), wdata(w), wscale(w), w.scale_cols,
-                                                          static_cast<int>(N), static_cast<int>(K), plan.kb_per_split,
-                                                          fixup, partial, counters, y);
+  quantized_linear_kernel<F, NT, false><<<grid, mma::kThreads>>>(
+      src, static_cast<int>(M), wdata(w), wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K),
+      plan.kb_per_split, 1, fixup, partial, counters, y);
   DI_CUDA_LAUNCH_CHECK();
   if (plan.splits > 1 && !fixup) {
     reduce_splits_kernel<<<blocks_for(M * N, 256), 256>>>(partial, plan.splits, M * N, y);
@@ -148,12 +175,12 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y) {
 }
 
 template <mma::WFmt F>
-void launch_quantized_nt(int nt, const float* x, int64_t M, const Weight& w, float* y) {
+void launch_quantized_nt(int nt, const float* x, int64_t M, const Weight& w, float* y, bool invariant) {
   switch (nt) {
-    case 1: return launch_quantized<F, 1>(x, M, w, y);
-    case 2: return launch_quantized<F, 2>(x, M, w, y);
-    case 4: return launch_quantized<F, 4>(x, M, w, y);
-    default: return launch_quantized<F, 8>(x, M, w, y);
+    case 1: return launch_quantized<F, 1>(x, M, w, y, invariant);
+    case 2: return launch_quantized<F, 2>(x, M, w, y, invariant);
+    case 4: return launch_quantized<F, 4>(x, M, w, y, invariant);
+    default: return launch_quantized<F, 8>(x, M, w, y, invariant);
   }
 }
 
@@ -341,16 +368,16 @@ int nt_for(int64_t tokens) {
   return 8;
 }
 
-void quantized_linear(const float* x, int64_t S, const Weight& w, float* y) {
+void quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool invariant) {
   DI_CHECK(w.mode == WeightMode::kFp8Block || w.mode == WeightMode::kFp4Expert);
   const int64_t K = w.cols, N = w.rows;
   DI_CHECK_MSG(K % 32 == 0, "FP8 linear needs K divisible by 32");
   DI_CHECK_MSG(S * K < (1LL << 31) && N < (1LL << 30) && (S + 63) / 64 <= 65535, "linear: shape too large");
   if (S == 0 || N == 0) return;
   if (w.mode == WeightMode::kFp8Block)
-    launch_quantized_nt<mma::WFmt::kFp8Block>(nt_for(S), x, S, w, y);
+    launch_quantized_nt<mma::WFmt::kFp8Block>(nt_for(S), x, S, w, y, invariant);
   else
-    launch_quantized_nt<mma::WFmt::kFp4Row>(nt_for(S), x, S, w, y);
+    launch_quantized_nt<mma::WFmt::kFp4Row>(nt_for(S), x, S, w, y, invariant);
 }
 
 void float_linear(const float* x, int64_t S, const Weight& w, bool bf16_out, float* y) {

@@ -245,6 +245,18 @@ __device__ __forceinline__ float sum_splits(const float* p, int64_t split_stride
   return s;
 }
 
+// sum += part for every accumulator: the in-CTA K splits of the batch-invariant mode, added in split
+// order to a sum that starts at zero -- the same additions as sum_splits over split CTAs' partials.
+template <int NT>
+__device__ __forceinline__ void add_split(float (&sum)[2][NT][4], const float (&part)[2][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sum[mt][nt][i] = __fadd_rn(sum[mt][nt][i], part[mt][nt][i]);
+}
+
 // Visits the warp's accumulators: f(row, token index in the tile, value) for rows < N, tokens < count.
 template <int NT, class F>
 __device__ __forceinline__ void for_each_acc(const float (&acc)[2][NT][4], int row0, int N, int count, const F& f) {

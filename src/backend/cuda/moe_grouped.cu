@@ -8,8 +8,11 @@
 //  4. one grouped GEMM for the down projection (w2);
 //  5. combine: per token, its entries in expert-id order, then + the shared expert, bf16.
 // Grid z spans min(E, S*k) expert slots (the most that can be active); CTAs of inactive slots exit.
+// Batch-invariant mode: the K split is the one-row plan at every S (batch_invariance.cuh), run inside
+// each CTA when split CTAs would not fit in one wave.
 #include <algorithm>
 
+#include "backend/cuda/batch_invariance.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/dense_linear.cuh"
@@ -102,16 +105,19 @@ __global__ void __launch_bounds__(kListThreads)
 // blockIdx.y, y[p, :] = bf16(a[p] W_e^T) for the entries p of expert e = active[slot]; a[p] = row
 // act_row_of[p] (or p) of the quantized activation. Bytes: each active expert's weights once (plus
 // one re-read per further 64 entries), activations from L2, partials as quantized_linear.
+// kInlineSplits (grid.y = 1): each CTA runs the plan's `inline_splits` K ranges itself and adds them
+// in split order from zero (mma::add_split), the bits the split CTAs' fix-up gives.
 struct GroupedMat {
   const uint8_t* const* w;  // [E] device pointers: E2M1 data [N, K/2], then E8M0 scales [N, K/32]
   float* y;                 // [n, N]
 };
 
-template <int NT>
+template <int NT, bool kInlineSplits>
 __global__ void __launch_bounds__(mma::kThreads)
     grouped_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, const int32_t* __restrict__ act_row_of,
                        RouteLists l, GroupedMat m0, GroupedMat m1, int row_ctas, int N, int K, int n_rows,
-                       int kb_per_split, float* __restrict__ partial, unsigned* __restrict__ counters) {
+                       int kb_per_split, int inline_splits, float* __restrict__ partial,
+                       unsigned* __restrict__ counters) {
   using namespace mma;
   const int slot = blockIdx.z;
   if (slot >= *l.n_active) return;  // the whole CTA (and its split siblings) leave
@@ -128,9 +134,20 @@ __global__ void __launch_bounds__(mma::kThreads)
   const ActSource src{xc, xs, nullptr};
   for (int c0 = 0; c0 < n_e; c0 += 8 * NT) {
     const int count = min(8 * NT, n_e - c0), pc = p0 + c0;
+    const auto act_row = [&](int i) { return act_row_of ? __ldg(act_row_of + pc + i) : pc + i; };
     float acc[2][NT][4] = {};
-    cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, kb0, kb1, src, count,
-                                [&](int i) { return act_row_of ? __ldg(act_row_of + pc + i) : pc + i; }, acc);
+    if constexpr (kInlineSplits) {
+      for (int sp = 0; sp < inline_splits; ++sp) {
+        float sum_part[2][NT][4] = {};
+        const int ikb0 = sp * kb_per_split, ikb1 = min(nb, ikb0 + kb_per_split);
+        cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, ikb0, ikb1, src, count, act_row, sum_part);
+        add_split(acc, sum_part);
+      }
+      for_each_acc(acc, row0, N, count,
+                   [&](int r, int t, float v) { m.y[static_cast<int64_t>(pc + t) * N + r] = dq::round_bf16(v); });
+      continue;
+    }
+    cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, kb0, kb1, src, count, act_row, acc);
     if (splits == 1)
       for_each_acc(acc, row0, N, count,
                    [&](int r, int t, float v) { m.y[static_cast<int64_t>(pc + t) * N + r] = dq::round_bf16(v); });
@@ -187,17 +204,35 @@ __global__ void combine_kernel(const float* __restrict__ down, const int32_t* __
   out[i] = dq::round_bf16(__fadd_rn(acc, shared[i]));
 }
 
+// CTAs of grouped_fp4_kernel<NT> resident on the whole GPU (for the split planning).
 template <int NT>
-void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat& m1, int mats, int slots) {
-  static const int resident = [] {
+int64_t grouped_capacity() {
+  static const int64_t resident = [] {
     int v = 0;
-    DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, grouped_fp4_kernel<NT>, mma::kThreads, 0));
+    DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, grouped_fp4_kernel<NT, false>, mma::kThreads, 0));
     int dev = 0, sms = 0;
     DI_CUDA_CHECK(cudaGetDevice(&dev));
     DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return std::max(v, 1) * sms;
+    return static_cast<int64_t>(std::max(v, 1)) * sms;
   }();
-  const dense::SplitPlan plan = dense::plan_split(static_cast<int64_t>(mats) * a.row_ctas * slots, a.K / 32, NT, resident);
+  return resident;
+}
+
+template <int NT>
+void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat& m1, int mats, int slots,
+                    const GroupedSplitMode& mode) {
+  const int64_t tiles = static_cast<int64_t>(mats) * a.row_ctas, capacity = grouped_capacity<NT>();
+  const dense::SplitPlan plan = bi::grouped_k_split(mode.invariant, tiles, slots, mode.one_row_slots, a.K / 32, NT,
+                                                    capacity, grouped_capacity<1>());
+  const int64_t partial_bytes = static_cast<int64_t>(mats) * plan.splits * a.n_rows * a.N * 4;
+  if (!bi::splits_on_ctas(mode.invariant, tiles * slots, plan.splits, capacity, partial_bytes)) {
+    const dim3 grid(static_cast<unsigned>(tiles), 1u, static_cast<unsigned>(slots));
+    grouped_fp4_kernel<NT, true><<<grid, mma::kThreads>>>(a.xc, a.xs, a.act_row_of, a.lists, m0, m1, a.row_ctas, a.N,
+                                                          a.K, a.n_rows, plan.kb_per_split, plan.splits, nullptr,
+                                                          nullptr);
+    DI_CUDA_LAUNCH_CHECK();
+    return;
+  }
   float* partial = nullptr;
   unsigned* counters = nullptr;
   if (plan.splits > 1) {
@@ -205,8 +240,8 @@ void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat
     counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(mats) * a.row_ctas * slots);
   }
   const dim3 grid(static_cast<unsigned>(mats * a.row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(slots));
-  grouped_fp4_kernel<NT><<<grid, mma::kThreads>>>(a.xc, a.xs, a.act_row_of, a.lists, m0, m1, a.row_ctas, a.N, a.K,
-                                                  a.n_rows, plan.kb_per_split, partial, counters);
+  grouped_fp4_kernel<NT, false><<<grid, mma::kThreads>>>(a.xc, a.xs, a.act_row_of, a.lists, m0, m1, a.row_ctas, a.N,
+                                                         a.K, a.n_rows, plan.kb_per_split, 1, partial, counters);
   DI_CUDA_LAUNCH_CHECK();
 }
 
@@ -221,14 +256,14 @@ void route_lists(const int32_t* experts, int64_t s, int k, int64_t n_exp, const 
 }
 
 void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0, const uint8_t* const* w1, float* y1,
-                      int slots, int nt) {
+                      int slots, int nt, const GroupedSplitMode& mode) {
   const int mats = w1 ? 2 : 1;
   const GroupedMat m0{w0, y0}, m1{w1 ? w1 : w0, w1 ? y1 : y0};
   switch (nt) {
-    case 1: return launch_grouped<1>(a, m0, m1, mats, slots);
-    case 2: return launch_grouped<2>(a, m0, m1, mats, slots);
-    case 4: return launch_grouped<4>(a, m0, m1, mats, slots);
-    default: return launch_grouped<8>(a, m0, m1, mats, slots);
+    case 1: return launch_grouped<1>(a, m0, m1, mats, slots, mode);
+    case 2: return launch_grouped<2>(a, m0, m1, mats, slots, mode);
+    case 4: return launch_grouped<4>(a, m0, m1, mats, slots, mode);
+    default: return launch_grouped<8>(a, m0, m1, mats, slots, mode);
   }
 }
 

@@ -70,10 +70,16 @@ struct GroupedArgs {
   int N, K;
   int n_rows;                 // n = S*k (rows of y, partial sums)
 };
+// How the grouped GEMMs choose their K split: `invariant` (batch-invariant mode) takes the plan of
+// one row, whose entries can use min(E, k) expert slots (`one_row_slots`); see batch_invariance.cuh.
+struct GroupedSplitMode {
+  bool invariant = false;
+  int64_t one_row_slots = 1;
+};
 // slots: grid z (the most experts that can be active); nt: n8 token tiles per warp. K is split across
 // CTAs while they fit in one wave (partials and counters in the persistent workspace).
 void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0, const uint8_t* const* w1, float* y1,
-                      int slots, int nt);
+                      int slots, int nt, const GroupedSplitMode& mode);
 
 // h = bf16(route_w[slot] * silu(min(g, limit)) * clamp(u, +-limit)) for the valid entries, quantized
 // to FP8 per 32: codes [n, inter], scales [n, inter/32].
