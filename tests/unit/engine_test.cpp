@@ -232,9 +232,15 @@ TEST(Engine, PoolPagesReturnWhenRequestsEnd) {
     EngineImpl e(o);
     run_alone(e, std::vector<Request>(reqs.begin(), reqs.begin() + 4));
     run_together(e, reqs);
-    for (int k = 0; k < 200 && e.n_live() > 0; ++k) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    ASSERT_EQ(e.n_live(), 0);
+    // the engine thread drops ended requests, then publishes its stats: wait for both
     EngineStats s = e.stats();
+    for (int k = 0; k < 2000 && (e.n_live() > 0 || s.kv_used_bytes > 0 ||
+                                 s.kv_pages_in_use * e.kv_page_bytes() != s.prefix_cache_bytes);
+         ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      s = e.stats();
+    }
+    ASSERT_EQ(e.n_live(), 0);
     EXPECT_EQ(s.kv_used_bytes, 0);
     // replay-mode blocks hold their pages and nothing else
     EXPECT_EQ(s.kv_pages_in_use * e.kv_page_bytes(), s.prefix_cache_bytes) << "mode " << static_cast<int>(mode);
