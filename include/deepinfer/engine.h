@@ -38,9 +38,12 @@ struct EngineOptions {
   std::string device = "cpu";           // "cpu" | "cuda"
   int64_t max_step_tokens = 2048;       // token budget of one step (prefill chunks + decodes)
   int max_running = 64;                 // sequences in one step at most
-  int64_t kv_capacity_bytes = 0;        // KV memory for running requests; 0: chosen from the device
+  // KV memory for running requests; 0: what max_running requests of up to 128K positions could use,
+  // capped at 45% of the device's free memory after the weights, less a workspace reserve
+  // (runtime/kv_budget.h)
+  int64_t kv_capacity_bytes = 0;
   PrefixCacheMode prefix_cache = PrefixCacheMode::kReplay;
-  int64_t prefix_cache_bytes = 0;       // 0: chosen from the device
+  int64_t prefix_cache_bytes = 0;       // 0: as much as kv_capacity_bytes
   bool decoder_replay = false;          // decoder-side SWA bounded replay in prefill (approximate)
   bool batch_invariant = false;         // a request's logits independent of batch and chunking
   bool async_scheduling = true;         // prepare step N+1 while step N runs

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "runtime/default_model.h"
+#include "runtime/kv_budget.h"
 #include "runtime/request_input.h"
 #include "sampling/counter_rng.h"
 
@@ -56,8 +57,11 @@ EngineImpl::EngineImpl(const EngineOptions& options, EngineHooks hooks) : opt_(o
 
   KvLayout layout = KvLayout::from_config(cfg, opt_.kv_page_tokens);
   int64_t capacity = opt_.kv_capacity_bytes;
-  if (capacity == 0)
-    capacity = opt_.max_running * layout.request_bytes(std::min<int64_t>(cfg.max_position, kDefaultCapacityContext));
+  if (capacity == 0)  // what the requests could use, within what the device has free after the weights
+    capacity = default_kv_budget(
+                   opt_.max_running * layout.request_bytes(std::min<int64_t>(cfg.max_position, kDefaultCapacityContext)),
+                   layout.request_bytes(layout.page_tokens), opt_.device)
+                   .capacity_bytes;
   kv_ = std::make_unique<KvManager>(layout, capacity);
   SchedulerOptions so;
   so.max_step_tokens = opt_.max_step_tokens;
