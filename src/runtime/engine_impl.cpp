@@ -344,26 +344,25 @@ void EngineImpl::propose_drafts() {
   }
 }
 
-int64_t EngineImpl::probe_prefix(RequestId id, int64_t n_known) {
+Scheduler::PrefixHit EngineImpl::probe_prefix(RequestId id, int64_t n_known) {
   RequestState& r = *live_.at(id);
   r.pending_hit.reset();
   // a request preempted while its step is in flight gets fresh caches only once that step is over
-  if (opt_.prefix_cache == PrefixCacheMode::kOff || r.in_flight > 0) return 0;
-  st_.prefix_lookup_tokens += n_known;
+  if (opt_.prefix_cache == PrefixCacheMode::kOff || r.in_flight > 0) return {};
   auto has_local = [](const PrefixCache::Payload& p) { return static_cast<const CachedBlock&>(p).local != nullptr; };
   const int64_t final_tokens = r.n_prompt + r.n_committed;  // a lookup reads no placeholder
   const int64_t limit = std::min(n_known - 1, final_tokens);
   PrefixCache::Hit hit = exact() ? cache_->lookup(r.tokens, limit, has_local) : cache_->lookup(r.tokens, limit);
   const int64_t h = hit.n_tokens, window = model_->config().window;
-  if (h == 0) return 0;
+  if (h == 0) return {};
   int64_t start = h;
   if (!exact()) {
-    if (h <= window) return 0;  // the replay would cost as much as the hit saves
+    if (h <= window) return {};  // the replay would cost as much as the hit saves
     start = (h - window) / replay_align_ * replay_align_;
   }
   r.pending_hit = std::move(hit);
   r.pending_start = start;
-  return start;
+  return {start, h};  // the request maps the hit's pages [0, h)
 }
 
 uint64_t EngineImpl::block_key(RequestState& r, int64_t block) {
@@ -390,10 +389,14 @@ std::unique_ptr<EngineImpl::Job> EngineImpl::build_job(StepPlan plan) {
       t.create = true;
       r.keep_global_before = 0;
       r.n_blocks_done = 0;
+      if (opt_.prefix_cache != PrefixCacheMode::kOff) st_.prefix_lookup_tokens += sched_->n_known(e.id);
       if (r.pending_hit && r.pending_start == e.begin) {
         const int64_t h = r.pending_hit->n_tokens;
         t.exact_hit = exact();
         t.hit_start = r.pending_start;
+        // held while the request holds the hit's pages: the cache keeps blocks in use (their pages
+        // are charged to its budget, not to the request's)
+        r.adopted = r.pending_hit->blocks;
         t.hit = std::move(r.pending_hit);
         if (!exact()) r.keep_global_before = h;
         r.n_blocks_done = h / bt;
@@ -454,7 +457,9 @@ std::unique_ptr<EngineImpl::Job> EngineImpl::build_job(StepPlan plan) {
 }
 
 void EngineImpl::release_caches(RequestState& r) {
-  if (r.in_flight == 0) r.seq.reset();
+  if (r.in_flight > 0) return;
+  r.seq.reset();
+  r.adopted.clear();
 }
 
 EngineImpl::Posted EngineImpl::commit(Job& job) {

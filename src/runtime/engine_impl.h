@@ -87,7 +87,7 @@ class EngineImpl final : public Engine {
   bool drain_inbox(bool block);
   void admit_new(std::unique_ptr<RequestState> r);
   void propose_drafts();
-  int64_t probe_prefix(RequestId id, int64_t n_known);
+  Scheduler::PrefixHit probe_prefix(RequestId id, int64_t n_known);
   std::unique_ptr<Job> build_job(StepPlan plan);
   Posted commit(Job& job);
   void release_caches(RequestState& r);

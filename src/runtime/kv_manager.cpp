@@ -36,45 +36,53 @@ KvManager::KvManager(const KvLayout& layout, int64_t capacity_bytes) : layout_(l
 
 int64_t KvManager::pages_of(uint64_t id) const {
   auto it = pages_.find(id);
-  return it == pages_.end() ? 0 : it->second;
+  return it == pages_.end() ? 0 : it->second.pages;
 }
 
-void KvManager::admit(uint64_t id, int64_t n_tokens) {
+int64_t KvManager::admit_bytes(int64_t n_tokens, int64_t shared_tokens) const {
+  Held h;
+  h.shared = shared_tokens / layout_.page_tokens;
+  return layout_.local_bytes + charged_pages(h, n_tokens) * layout_.page_bytes;
+}
+
+void KvManager::admit(uint64_t id, int64_t n_tokens, int64_t shared_tokens) {
   DI_CHECK(!holds(id));
-  DI_CHECK(can_admit(n_tokens));
-  int64_t pages = layout_.pages_for(n_tokens);
-  pages_[id] = pages;
-  used_ += layout_.local_bytes + pages * layout_.page_bytes;
+  DI_CHECK(can_admit(n_tokens, shared_tokens));
+  Held h;
+  h.shared = shared_tokens / layout_.page_tokens;
+  h.pages = charged_pages(h, n_tokens);
+  pages_[id] = h;
+  used_ += layout_.local_bytes + h.pages * layout_.page_bytes;
 }
 
 int64_t KvManager::grow_bytes(uint64_t id, int64_t n_tokens) const {
   auto it = pages_.find(id);
   DI_CHECK(it != pages_.end());
-  int64_t extra = layout_.pages_for(n_tokens) - it->second;
+  int64_t extra = charged_pages(it->second, n_tokens) - it->second.pages;
   return extra > 0 ? extra * layout_.page_bytes : 0;
 }
 
 void KvManager::grow(uint64_t id, int64_t n_tokens) {
   DI_CHECK(can_grow(id, n_tokens));
-  int64_t& pages = pages_.at(id);
-  int64_t want = layout_.pages_for(n_tokens);
-  if (want <= pages) return;
-  used_ += (want - pages) * layout_.page_bytes;
-  pages = want;
+  Held& h = pages_.at(id);
+  int64_t want = charged_pages(h, n_tokens);
+  if (want <= h.pages) return;
+  used_ += (want - h.pages) * layout_.page_bytes;
+  h.pages = want;
 }
 
 void KvManager::shrink(uint64_t id, int64_t n_tokens) {
-  int64_t& pages = pages_.at(id);
-  int64_t want = layout_.pages_for(n_tokens);
-  if (want >= pages) return;
-  used_ -= (pages - want) * layout_.page_bytes;
-  pages = want;
+  Held& h = pages_.at(id);
+  int64_t want = charged_pages(h, n_tokens);
+  if (want >= h.pages) return;
+  used_ -= (h.pages - want) * layout_.page_bytes;
+  h.pages = want;
 }
 
 void KvManager::release(uint64_t id) {
   auto it = pages_.find(id);
   if (it == pages_.end()) return;
-  used_ -= layout_.local_bytes + it->second * layout_.page_bytes;
+  used_ -= layout_.local_bytes + it->second.pages * layout_.page_bytes;
   pages_.erase(it);
   DI_CHECK(used_ >= 0);
 }

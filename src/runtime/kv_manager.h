@@ -10,10 +10,13 @@
 // The layout is the same on the CPU and CUDA backends.
 //
 // The global rows themselves live in the model's shared page pool (src/model/global_kv_pool.h), in
-// pages of the same size; this class decides admission, growth and preemption by bytes. A page a
-// request shares with the prefix cache counts against both budgets (the pool holds it once).
+// pages of the same size; this class decides admission, growth and preemption by bytes. The pages of
+// a prefix-cache hit a request maps are charged to the cache's budget only (the cache keeps such
+// blocks while a request holds them); the blocks a request writes and the cache captures count
+// against both.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <unordered_map>
 
@@ -49,9 +52,14 @@ class KvManager {
 
   // Whether a request of n_tokens positions fits in an otherwise empty cache.
   bool fits_alone(int64_t n_tokens) const { return layout_.request_bytes(n_tokens) <= capacity_; }
-  bool can_admit(int64_t n_tokens) const { return layout_.request_bytes(n_tokens) <= free_bytes(); }
-  // Takes the local state and the pages for n_tokens positions. DI_CHECKs can_admit and a new id.
-  void admit(uint64_t id, int64_t n_tokens);
+  // shared_tokens: leading positions whose pages the request shares with the prefix cache (a hit it
+  // maps, not copies); the cache's budget holds those pages, so they are not charged here.
+  bool can_admit(int64_t n_tokens, int64_t shared_tokens = 0) const {
+    return admit_bytes(n_tokens, shared_tokens) <= free_bytes();
+  }
+  // Takes the local state and the pages for n_tokens positions but the shared ones. DI_CHECKs
+  // can_admit and a new id.
+  void admit(uint64_t id, int64_t n_tokens, int64_t shared_tokens = 0);
   // Extra bytes `id` needs to hold n_tokens positions (0 when its pages already cover them).
   int64_t grow_bytes(uint64_t id, int64_t n_tokens) const;
   bool can_grow(uint64_t id, int64_t n_tokens) const { return grow_bytes(id, n_tokens) <= free_bytes(); }
@@ -63,10 +71,19 @@ class KvManager {
   void release(uint64_t id);
 
  private:
+  struct Held {
+    int64_t pages = 0;   // charged
+    int64_t shared = 0;  // leading pages shared with the prefix cache, not charged
+  };
+  int64_t admit_bytes(int64_t n_tokens, int64_t shared_tokens) const;
+  int64_t charged_pages(const Held& h, int64_t n_tokens) const {
+    return std::max<int64_t>(0, layout_.pages_for(n_tokens) - h.shared);
+  }
+
   KvLayout layout_;
   int64_t capacity_ = 0;
   int64_t used_ = 0;
-  std::unordered_map<uint64_t, int64_t> pages_;  // request -> pages held
+  std::unordered_map<uint64_t, Held> pages_;  // request -> pages
 };
 
 }  // namespace di

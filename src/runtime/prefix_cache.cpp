@@ -84,9 +84,11 @@ uint64_t PrefixCache::insert(uint64_t parent, std::span<const int32_t> block, st
   if (it != nodes_.end()) {
     Node& n = it->second;
     if (n.parent != parent || !std::equal(block.begin(), block.end(), n.tokens.begin())) return 0;  // collision
-    bytes_ += bytes - n.bytes;
-    n.bytes = bytes;
-    n.payload = std::move(payload);
+    if (n.payload.use_count() == 1) {  // a payload in use stays (see evict_to)
+      bytes_ += bytes - n.bytes;
+      n.bytes = bytes;
+      n.payload = std::move(payload);
+    }
   } else {
     if (bytes > capacity_) return 0;
     Node n;
@@ -109,8 +111,10 @@ uint64_t PrefixCache::insert(uint64_t parent, std::span<const int32_t> block, st
 
 void PrefixCache::evict_to(int64_t capacity, uint64_t protect) {
   while (bytes_ > capacity) {
+    // a block whose payload is held outside the cache (a request mapped its pages) stays
     auto victim = std::find_if(lru_.begin(), lru_.end(), [&](uint64_t k) {
-      return k != protect && nodes_.at(k).n_children == 0;
+      const Node& n = nodes_.at(k);
+      return k != protect && n.n_children == 0 && n.payload.use_count() == 1;
     });
     if (victim == lru_.end()) victim = std::find(lru_.begin(), lru_.end(), protect);  // only the new leaf is left
     if (victim == lru_.end()) return;

@@ -2,7 +2,9 @@
 // key hashes its parent's key and its own tokens, so a key names the whole prefix up to the block's
 // end), each holding a payload -- for V4.1 the block's global rows (compressed KV + index keys,
 // 890 B/token on V4.1-Flash) and, in exact mode, the per-layer local state at the block's end.
-// Blocks form a tree; eviction drops least recently used leaves until the bytes fit the capacity.
+// Blocks form a tree; eviction drops least recently used leaves until the bytes fit the capacity,
+// skipping blocks whose payload someone else still holds (a request using the block's pages: they
+// stay within this cache's budget while in use).
 //
 // The cache only indexes: what a payload is, and how a hit is turned into a request's caches, is the
 // engine's business (prefix_restore.h). Tokens are stored per block and compared on lookup, so a hash
@@ -55,7 +57,7 @@ class PrefixCache {
   const Payload* find(uint64_t key) const;
 
   // Caches `block` (block_tokens tokens) after the prefix keyed `parent` (0: the first block),
-  // replacing its payload when present, and returns its key -- block_key(parent, block) -- or 0 when
+  // replacing its payload when present and not in use, and returns its key -- block_key(parent, block) -- or 0 when
   // not kept: the parent is not cached (a chain never has holes), a hash collision, or a payload larger
   // than the capacity. Evicts least recently used leaves (never the new block's ancestors) to fit.
   uint64_t insert(uint64_t parent, std::span<const int32_t> block, std::shared_ptr<const Payload> payload,

@@ -49,6 +49,7 @@ struct RequestState {
 
   // prefix cache
   std::optional<PrefixCache::Hit> pending_hit;  // looked up at admission, applied right after
+  std::vector<std::shared_ptr<const PrefixCache::Payload>> adopted;  // the applied hit's blocks, while `seq` maps their pages
   int64_t pending_start = 0;
   std::vector<uint64_t> block_keys;  // chained keys of its complete blocks so far (computed lazily)
   int64_t n_blocks_done = 0;         // its blocks known to be in the cache (or captured)

@@ -144,13 +144,14 @@ StepPlan Scheduler::schedule(const PrefixProbe& probe) {
          static_cast<int64_t>(running_.size()) < opt_.max_running) {
     uint64_t id = waiting_.front();
     Req& r = reqs_.at(id);
-    if (!kv_.can_admit(r.n_known)) break;
+    const PrefixHit hit = probe ? probe(id, r.n_known) : PrefixHit{};
+    if (!kv_.can_admit(r.n_known, hit.shared_tokens)) break;
     waiting_.pop_front();
-    kv_.admit(id, r.n_known);
+    kv_.admit(id, r.n_known, hit.shared_tokens);
     running_.push_back(id);
     r.running = true;
     r.n_draft = 0;
-    r.n_computed = probe ? std::clamp<int64_t>(probe(id, r.n_known), 0, r.n_known - 1) : 0;
+    r.n_computed = std::clamp<int64_t>(hit.start, 0, r.n_known - 1);
     StepEntry e;
     e.id = id;
     e.begin = r.n_computed;

@@ -76,9 +76,15 @@ class Scheduler {
   // Holds / releases a request (see above).
   void hold(uint64_t id, bool held = true);
 
-  // Called when a waiting request is about to be admitted: how many of its tokens are already
-  // available (a prefix-cache hit), at most n_known - 1. Empty: none.
-  using PrefixProbe = std::function<int64_t(uint64_t id, int64_t n_known)>;
+  // Called when a waiting request is about to be admitted: `start`, how many of its tokens are
+  // already available (a prefix-cache hit; at most n_known - 1 are used), and `shared_tokens`, the
+  // leading positions whose KV pages it will share with the cache instead of taking its own (not
+  // charged to it: KvManager::admit). Empty: none.
+  struct PrefixHit {
+    int64_t start = 0;
+    int64_t shared_tokens = 0;
+  };
+  using PrefixProbe = std::function<PrefixHit(uint64_t id, int64_t n_known)>;
   StepPlan schedule(const PrefixProbe& probe = {});
 
   bool contains(uint64_t id) const { return reqs_.count(id) != 0; }

@@ -112,6 +112,31 @@ TEST(PrefixCache, ReplacingAPayloadUpdatesBytes) {
   EXPECT_EQ(static_cast<const Tag*>(c.find(k))->value, 2);
 }
 
+// A block whose payload a request still holds (it maps the block's pages) is neither evicted nor
+// replaced: its pages stay within the cache's budget while in use.
+TEST(PrefixCache, BlocksInUseAreNotEvictedOrReplaced) {
+  PrefixCache c(2, 30);
+  const std::vector<int32_t> a = {1, 2}, b = {3, 4}, d = {5, 6}, e = {7, 8};
+  const uint64_t ka = c.insert(0, a, tag(1), 10);
+  ASSERT_NE(ka, 0u);
+  std::shared_ptr<const PrefixCache::Payload> held = c.lookup(a, 2).blocks.at(0);  // a request maps it
+  ASSERT_NE(c.insert(0, b, tag(2), 10), 0u);
+  ASSERT_NE(c.insert(0, d, tag(3), 10), 0u);
+  ASSERT_NE(c.insert(0, e, tag(4), 10), 0u);  // over capacity: the least recently used free block goes
+  EXPECT_NE(c.find(ka), nullptr);
+  EXPECT_EQ(c.find(PrefixCache::block_key(0, b)), nullptr);
+  EXPECT_EQ(c.bytes(), 30);
+  EXPECT_EQ(c.insert(0, a, tag(5), 20), ka);  // in use: kept as it is
+  EXPECT_EQ(static_cast<const Tag*>(c.find(ka))->value, 1);
+  EXPECT_EQ(c.bytes(), 30);
+  held.reset();
+  EXPECT_EQ(c.insert(0, a, tag(6), 10), ka);  // free again: replaced
+  EXPECT_EQ(static_cast<const Tag*>(c.find(ka))->value, 6);
+  ASSERT_NE(c.insert(0, b, tag(7), 10), 0u);  // d, the least recently used, goes (a was just touched)
+  EXPECT_EQ(c.bytes(), 30);
+  EXPECT_EQ(c.find(PrefixCache::block_key(0, d)), nullptr);
+}
+
 TEST(PrefixCache, RandomInsertsKeepBytesAndTreeConsistent) {
   std::mt19937_64 rng(testing_util::fresh_seed("PrefixCache.RandomInsertsKeepBytesAndTreeConsistent"));
   const int64_t bt = 1 + rng() % 4;

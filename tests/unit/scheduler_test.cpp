@@ -170,10 +170,28 @@ TEST(Scheduler, PrefixProbeSkipsCachedTokens) {
   Scheduler s({.max_step_tokens = 100, .max_running = 8}, kv);
   ASSERT_TRUE(s.add(1, 30, 40));
   ASSERT_TRUE(s.add(2, 30, 40));
-  StepPlan p = s.schedule([](uint64_t id, int64_t n_known) { return id == 1 ? 24 : n_known; });
+  StepPlan p = s.schedule([](uint64_t id, int64_t n_known) { return Scheduler::PrefixHit{id == 1 ? 24 : n_known, 0}; });
   EXPECT_EQ(show(p), "1:24+6* 2:29+1*");  // a probe may not skip the last token
   EXPECT_TRUE(p.entries[0].admitted);
   EXPECT_EQ(kv.pages_of(1), 4);  // pages for every known token all the same
+}
+
+// A hit whose pages the request maps (shared with the cache) is not charged to it: a request that
+// would not fit with its own pages is admitted, and its growth is charged from there.
+TEST(Scheduler, SharedHitPagesAreNotCharged) {
+  const KvLayout l = layout();  // 8-position pages
+  KvManager kv(l, 2 * l.local_bytes + 5 * l.page_bytes);
+  Scheduler s({.max_step_tokens = 100, .max_running = 8}, kv);
+  ASSERT_TRUE(s.add(1, 30, 40));  // 4 pages
+  ASSERT_TRUE(s.add(2, 30, 40));  // 4 pages more would not fit; 24 shared tokens leave 1
+  StepPlan p = s.schedule([](uint64_t id, int64_t) { return Scheduler::PrefixHit{id == 2 ? 24 : 0, id == 2 ? 24 : 0}; });
+  EXPECT_EQ(show(p), "1:0+30* 2:24+6*");
+  EXPECT_EQ(kv.pages_of(1), 4);
+  EXPECT_EQ(kv.pages_of(2), 1);
+  EXPECT_EQ(kv.used_bytes(), 2 * l.local_bytes + 5 * l.page_bytes);
+  EXPECT_EQ(kv.grow_bytes(2, 33), l.page_bytes);  // position 32 opens its fifth page
+  s.remove(2);
+  EXPECT_EQ(kv.used_bytes(), l.local_bytes + 4 * l.page_bytes);
 }
 
 TEST(Scheduler, AlignedChunksStopAtBlockEnds) {
@@ -181,7 +199,7 @@ TEST(Scheduler, AlignedChunksStopAtBlockEnds) {
   Scheduler s({.max_step_tokens = 20, .max_running = 8, .align_tokens = 8}, kv);
   ASSERT_TRUE(s.add(1, 37, 50));
   ASSERT_TRUE(s.add(2, 5, 50));
-  StepPlan p = s.schedule([](uint64_t id, int64_t) { return id == 1 ? 4 : 0; });
+  StepPlan p = s.schedule([](uint64_t id, int64_t) { return Scheduler::PrefixHit{id == 1 ? 4 : 0, 0}; });
   EXPECT_EQ(show(p), "1:4+4 2:0+5*");  // to the first block end
   commit(s, p);
   p = s.schedule();
