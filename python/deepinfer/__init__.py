@@ -94,7 +94,8 @@ class LLM:
 
     model: a checkpoint directory in the released V4.1 format; None is the embedded default model.
     device: "cpu" or "cuda". prefix_cache: "off", "replay" (approximate, SWA bounded replay) or
-    "exact". batch_invariant: a request's output independent of what it is batched with.
+    "exact" (exact_snapshot_blocks: blocks of 64 positions between its local-state snapshots).
+    batch_invariant: a request's output independent of what it is batched with.
     async_scheduling: prepare the next step while the current one runs.
     """
 
@@ -110,6 +111,7 @@ class LLM:
         max_step_tokens: int = 2048,
         kv_capacity_bytes: int = 0,
         prefix_cache_bytes: int = 0,
+        exact_snapshot_blocks: int = 8,
     ):
         o = _deepinfer.EngineOptions()
         o.model_dir = str(model) if model is not None else _deepinfer.default_model_dir()
@@ -121,6 +123,7 @@ class LLM:
         o.max_step_tokens = max_step_tokens
         o.kv_capacity_bytes = kv_capacity_bytes
         o.prefix_cache_bytes = prefix_cache_bytes
+        o.exact_snapshot_blocks = exact_snapshot_blocks
         self.model = o.model_dir
         self._engine = _deepinfer.Engine(o)
 

@@ -110,6 +110,7 @@ py::dict stats_dict(const di::EngineStats& s) {
   d["kv_used_bytes"] = s.kv_used_bytes;
   d["kv_capacity_bytes"] = s.kv_capacity_bytes;
   d["prefix_cache_bytes"] = s.prefix_cache_bytes;
+  d["kv_pages_in_use"] = s.kv_pages_in_use;
   d["busy_seconds"] = s.busy_seconds;
   d["host_gap_seconds"] = s.host_gap_seconds;
   return d;
@@ -152,6 +153,7 @@ PYBIND11_MODULE(_deepinfer, m) {
           "prefix_cache", [](const di::EngineOptions& o) { return prefix_cache_name(o.prefix_cache); },
           [](di::EngineOptions& o, const std::string& mode) { o.prefix_cache = prefix_cache_mode(mode); })
       .def_readwrite("prefix_cache_bytes", &di::EngineOptions::prefix_cache_bytes)
+      .def_readwrite("exact_snapshot_blocks", &di::EngineOptions::exact_snapshot_blocks)
       .def_readwrite("decoder_replay", &di::EngineOptions::decoder_replay)
       .def_readwrite("batch_invariant", &di::EngineOptions::batch_invariant)
       .def_readwrite("async_scheduling", &di::EngineOptions::async_scheduling);

@@ -51,6 +51,9 @@ EngineImpl::EngineImpl(const EngineOptions& options, EngineHooks hooks) : opt_(o
   if (opt_.prefix_block_tokens <= 0 || opt_.prefix_block_tokens % replay_align_ != 0)
     throw Error("prefix_block_tokens: expected a positive multiple of every compress ratio (" +
                 std::to_string(replay_align_) + "), got " + std::to_string(opt_.prefix_block_tokens));
+  if (opt_.exact_snapshot_blocks <= 0)
+    throw Error("exact_snapshot_blocks: expected a positive number of blocks, got " +
+                std::to_string(opt_.exact_snapshot_blocks));
   if (opt_.prefix_block_tokens % opt_.kv_page_tokens != 0)  // a cached block is whole pages, shared
     throw Error("prefix_block_tokens: expected a multiple of kv_page_tokens (" + std::to_string(opt_.kv_page_tokens) +
                 "), got " + std::to_string(opt_.prefix_block_tokens));
@@ -67,7 +70,7 @@ EngineImpl::EngineImpl(const EngineOptions& options, EngineHooks hooks) : opt_(o
   so.max_step_tokens = opt_.max_step_tokens;
   so.max_running = opt_.max_running;
   // exact prefix caching snapshots the local state at block ends: prefill chunks stop on them
-  if (opt_.prefix_cache == PrefixCacheMode::kExact) so.align_tokens = opt_.prefix_block_tokens;
+  if (opt_.prefix_cache == PrefixCacheMode::kExact) so.align_tokens = snapshot_tokens();
   sched_ = std::make_unique<Scheduler>(so, *kv_);
   int64_t cache_bytes = opt_.prefix_cache_bytes > 0 ? opt_.prefix_cache_bytes : capacity;
   if (opt_.prefix_cache == PrefixCacheMode::kOff) cache_bytes = 0;
@@ -429,12 +432,12 @@ std::unique_ptr<EngineImpl::Job> EngineImpl::build_job(StepPlan plan) {
       const int64_t end = e.begin + t.n, final_tokens = r.n_prompt + r.n_committed;
       while (r.n_blocks_done < end / bt && (r.n_blocks_done + 1) * bt <= final_tokens) {
         const auto* p = static_cast<const CachedBlock*>(cache_->find(block_key(r, r.n_blocks_done)));
-        bool needs_local = exact() && (r.n_blocks_done + 1) * bt == end;
+        bool needs_local = exact() && (r.n_blocks_done + 1) * bt == end && end % snapshot_tokens() == 0;
         if (!p || (needs_local && !p->local)) break;
         ++r.n_blocks_done;
       }
       t.capture_from = r.n_blocks_done;
-      t.capture_local = exact();
+      t.snapshot_tokens = exact() ? snapshot_tokens() : 0;
     }
     // what this step will sample is not known until it is over: a placeholder the worker fills, so
     // the next step can be scheduled now; or, when drafts are verified (or may be proposed next) and

@@ -96,6 +96,7 @@ class EngineImpl final : public Engine {
   void end_request(RequestState& r, const std::string& reason, const std::string& error = {}, TokenEvent last = {});
   void fail(RequestState& r, const std::string& error) { end_request(r, "error", error); }
   bool exact() const { return opt_.prefix_cache == PrefixCacheMode::kExact; }
+  int64_t snapshot_tokens() const { return opt_.prefix_block_tokens * opt_.exact_snapshot_blocks; }
   void drop_finished();
   void publish_stats();
   uint64_t block_key(RequestState& r, int64_t block);

@@ -90,7 +90,7 @@ StepOutput run_step(Model& model, std::vector<StepTask>& tasks, int64_t block_to
           blk->page_bytes = state.pool->page_bytes();
           r.captured.push_back(std::move(blk));
         }
-        if (t.capture_local && !r.captured.empty() && state.n_tokens % block_tokens == 0)
+        if (t.snapshot_tokens > 0 && !r.captured.empty() && state.n_tokens % t.snapshot_tokens == 0)
           r.captured.back()->local = capture_local(state, backend);
       }
     }

@@ -43,9 +43,9 @@ struct StepTask {
   int64_t n_prompt = 0;
   const LogitMask* mask = nullptr;  // may be null or empty
   // Prefix cache: capture blocks [capture_from, n_tokens / block) after the step (-1: none), with
-  // the local state when the caches then end on a block end (exact mode).
+  // the local state when the caches then end on a multiple of snapshot_tokens (exact mode; 0: never).
   int64_t capture_from = -1;
-  bool capture_local = false;
+  int64_t snapshot_tokens = 0;
 };
 
 struct StepTaskResult {

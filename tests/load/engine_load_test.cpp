@@ -77,6 +77,7 @@ TEST(EngineLoad, ThousandRequestsCancellationsPreemptions) {
   o.prefix_cache = PrefixCacheMode::kExact;
   o.prefix_block_tokens = 8;
   o.kv_page_tokens = 8;
+  o.exact_snapshot_blocks = 1 + static_cast<int64_t>(rng() % 2);
   o.max_step_tokens = 48 + static_cast<int64_t>(rng() % 64);
   o.max_running = 8 + static_cast<int>(rng() % 16);
   o.async_scheduling = rng() % 4 != 0;

@@ -25,6 +25,7 @@ EngineOptions base_options() {
   o.model_dir = kModel;
   o.prefix_block_tokens = 8;
   o.kv_page_tokens = 8;
+  o.exact_snapshot_blocks = 1;  // the tiny model's prompts are short: exact snapshots at every block
   return o;
 }
 
@@ -338,14 +339,17 @@ TEST(Engine, ExactPrefixHitIsBitIdenticalToACold_Run) {
   auto cold = Engine::create(o);
   o.prefix_cache = PrefixCacheMode::kExact;
   o.max_step_tokens = 5 + rng() % 30;
+  o.exact_snapshot_blocks = 1 + static_cast<int64_t>(rng() % 3);  // hits resume at the last snapshot
+  const int64_t snapshot = o.exact_snapshot_blocks * o.prefix_block_tokens;
   auto warm = Engine::create(o);
   for (int rep = 0; rep < 4; ++rep) {
-    PrefixCase c = prefix_case(rng, 9 + rng() % 60);
+    PrefixCase c = prefix_case(rng, snapshot + 1 + rng() % 40);
     uint64_t seed = rng();
     RequestResult want = cold->wait(cold->submit(scored(c.second, seed)));
     warm->wait(warm->submit(scored(c.first, rng())));
     RequestResult got = warm->wait(warm->submit(scored(c.second, seed)));
     EXPECT_GT(got.cached_tokens, 0);
+    EXPECT_EQ(got.cached_tokens % snapshot, 0) << "snapshots every " << snapshot << " tokens";
     EXPECT_EQ(got.token_ids, want.token_ids);
     EXPECT_EQ(got.logprobs, want.logprobs);  // bitwise
     ASSERT_EQ(got.top_logprobs.size(), want.top_logprobs.size());
