@@ -111,7 +111,7 @@ class LLM:
         max_step_tokens: int = 2048,
         kv_capacity_bytes: int = 0,
         prefix_cache_bytes: int = 0,
-        exact_snapshot_blocks: int = 8,
+        exact_snapshot_blocks: int = 1,
     ):
         o = _deepinfer.EngineOptions()
         o.model_dir = str(model) if model is not None else _deepinfer.default_model_dir()

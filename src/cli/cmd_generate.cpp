@@ -1,6 +1,7 @@
 // deepinfer generate [--model DIR] --prompt TEXT [--chat] [--max-tokens N] [--temperature T]
 //                    [--top-p P] [--top-k K] [--seed S] [--device cpu|cuda] [--no-reference-quirks]
-//                    [--prefix-cache off|replay|exact] [--batch-invariant] [--no-async] [--dp N] [--ep N]
+//                    [--prefix-cache off|replay|exact] [--exact-snapshot-blocks N] [--batch-invariant]
+//                    [--no-async] [--dp N] [--ep N]
 //   Prints the generated text as it is produced.
 // deepinfer generate [--model DIR] --prompts IN.jsonl --output OUT.jsonl [same sampling and engine flags]
 //   Offline batch generation (generate_jsonl.h).

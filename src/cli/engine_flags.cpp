@@ -31,6 +31,7 @@ EngineOptions engine_options(const Args& args) {
   o.max_running = static_cast<int>(
       std::min<int64_t>(positive(args, "max-running", o.max_running), std::numeric_limits<int>::max()));
   o.max_step_tokens = positive(args, "max-step-tokens", o.max_step_tokens);
+  o.exact_snapshot_blocks = positive(args, "exact-snapshot-blocks", o.exact_snapshot_blocks);
   o.batch_invariant = args.flag("batch-invariant");
   o.async_scheduling = !args.flag("no-async");
   return o;

@@ -12,9 +12,10 @@
 
 namespace di::cli {
 
-// --model DIR --device cpu|cuda --prefix-cache off|replay|exact --max-running N --max-step-tokens N
-inline const std::set<std::string> kEngineValueOptions = {"model", "device", "prefix-cache", "max-running",
-                                                          "max-step-tokens"};
+// --model DIR --device cpu|cuda --prefix-cache off|replay|exact --exact-snapshot-blocks N
+// --max-running N --max-step-tokens N
+inline const std::set<std::string> kEngineValueOptions = {"model",       "device",         "prefix-cache",
+                                                          "max-running", "max-step-tokens", "exact-snapshot-blocks"};
 // --batch-invariant --no-async
 inline const std::set<std::string> kEngineFlagOptions = {"batch-invariant", "no-async"};
 // --max-tokens N --temperature T --top-p P --top-k K --seed S
