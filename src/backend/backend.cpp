@@ -5,6 +5,13 @@
 
 namespace di {
 
+Tensor copy_tensor(Backend& b, const Tensor& t) {
+  if (t.empty()) return t;
+  Tensor out = b.alloc(t.type, t.shape);
+  if (t.rows() > 0) b.copy_rows(out, 0, t, 0, t.rows());
+  return out;
+}
+
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
 #ifdef DEEPINFER_HAVE_CUDA

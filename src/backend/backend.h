@@ -135,6 +135,9 @@ class Backend {
                                int hc, float eps) = 0;
 };
 
+// A copy of `t` in new storage of the same backend (t itself when it holds nothing).
+Tensor copy_tensor(Backend& b, const Tensor& t);
+
 std::unique_ptr<Backend> make_cpu_backend();
 // "cpu" or "cuda"; throws di::Error for an unknown or unavailable device.
 std::unique_ptr<Backend> make_backend(const std::string& device);

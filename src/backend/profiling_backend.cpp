@@ -20,7 +20,7 @@ namespace di {
 
 namespace {
 
-double tensor_bytes(const Tensor& t) { return static_cast<double>(t.numel()) * (t.type == TType::kU8 ? 1 : 4); }
+double tensor_bytes(const Tensor& t) { return static_cast<double>(t.bytes()); }
 
 std::string shape_label(const char* op, const Weight& w) {
   return std::string(op) + " " + weight_mode_name(w.mode) + " [" + std::to_string(w.rows) + " x " + std::to_string(w.cols) + "]";

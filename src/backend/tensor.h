@@ -33,6 +33,8 @@ struct Tensor {
     return shape.empty() ? 0 : n;
   }
   bool empty() const { return data == nullptr; }
+  // Bytes of the elements its shape holds (0 for a default-constructed tensor).
+  int64_t bytes() const { return shape.empty() ? 0 : numel() * (type == TType::kU8 ? 1 : 4); }
   float* f32() const { return static_cast<float*>(data); }
   int32_t* i32() const { return static_cast<int32_t*>(data); }
   uint8_t* u8() const { return static_cast<uint8_t*>(data); }

@@ -72,6 +72,12 @@ std::vector<int64_t> global_slots(const SequenceState& s, int layer, int64_t row
   return slots;
 }
 
+int64_t local_state_bytes(const SequenceState& s) {
+  int64_t n = 0;
+  for (const LayerCache& c : s.layers) n += c.window.bytes() + c.tail_kv.bytes() + c.tail_score.bytes();
+  return n;
+}
+
 int64_t pages_needed(const SequenceState& s) {
   int64_t positions = s.n_tokens;
   for (const LayerCache& c : s.layers) positions = std::max(positions, c.n_comp * c.ratio);
@@ -101,12 +107,6 @@ void write_ring(Backend& b, Tensor& ring, int64_t p0, const Tensor& rows, int64_
   }
 }
 
-Tensor copy_of(Backend& b, const Tensor& t) {
-  Tensor out = b.alloc(t.type, t.shape);
-  if (t.rows() > 0) b.copy_rows(out, 0, t, 0, t.rows());
-  return out;
-}
-
 }  // namespace
 
 StateCheckpoint checkpoint_state(const SequenceState& s, int64_t n_new_tokens, Backend& b) {
@@ -125,8 +125,8 @@ StateCheckpoint checkpoint_state(const SequenceState& s, int64_t n_new_tokens, B
   for (const LayerCache& c : s.layers) {
     cp.ring_rows.push_back(c.dspark ? Tensor{} : read_ring(b, c.window, s.n_tokens, n_new_tokens));
     cp.dspark_rows.push_back(c.dspark && ds_n > 0 ? read_ring(b, c.window, s.dspark_seeded, ds_n) : Tensor{});
-    cp.tail_kv.push_back(c.ratio > 1 ? copy_of(b, c.tail_kv) : Tensor{});
-    cp.tail_score.push_back(c.ratio > 1 ? copy_of(b, c.tail_score) : Tensor{});
+    cp.tail_kv.push_back(c.ratio > 1 ? copy_tensor(b, c.tail_kv) : Tensor{});
+    cp.tail_score.push_back(c.ratio > 1 ? copy_tensor(b, c.tail_score) : Tensor{});
     cp.n_comp.push_back(c.n_comp);
   }
   cp.dspark_saved = ds_n;

@@ -56,6 +56,8 @@ std::vector<int64_t> global_slots(const SequenceState& s, int layer, int64_t row
 // in the pool (consecutive pages merge): for whole-row copies.
 void for_each_global_run(const SequenceState& s, int layer, int64_t row0, int64_t n,
                          const std::function<void(int64_t pool_row, int64_t row, int64_t run)>& fn);
+// Bytes of the state's own tensors (window rings, compressor tails); its global rows are in the pool.
+int64_t local_state_bytes(const SequenceState& s);
 // Pages the state's counters need: those covering its positions and its global rows.
 int64_t pages_needed(const SequenceState& s);
 

@@ -8,25 +8,14 @@
 
 namespace di {
 
-namespace {
-
-Tensor deep_copy(Backend& b, const Tensor& t) {
-  if (t.empty() && t.shape.empty()) return t;
-  Tensor out = b.alloc(t.type, t.shape);
-  if (t.rows() > 0) b.copy_rows(out, 0, t, 0, t.rows());
-  return out;
-}
-
-}  // namespace
-
 SequenceState clone_state(const SequenceState& s, Backend& b) {
   SequenceState c = s;  // counts, history, the pages (shared: either copies one before writing it)
   for (LayerCache& l : c.layers) {
-    l.window = deep_copy(b, l.window);
-    l.tail_kv = deep_copy(b, l.tail_kv);
-    l.tail_score = deep_copy(b, l.tail_score);
-    l.step_kv = deep_copy(b, l.step_kv);
-    l.step_score = deep_copy(b, l.step_score);
+    l.window = copy_tensor(b, l.window);
+    l.tail_kv = copy_tensor(b, l.tail_kv);
+    l.tail_score = copy_tensor(b, l.tail_score);
+    l.step_kv = copy_tensor(b, l.step_kv);
+    l.step_score = copy_tensor(b, l.step_score);
   }
   return c;
 }

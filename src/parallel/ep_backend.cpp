@@ -27,12 +27,11 @@ Tensor EpBackend::moe_experts(const Tensor& x, const MoeRoute& route, const std:
   return ep_for(static_cast<int>(experts.size())).forward_routed(layer, x, route);
 }
 
-void EpBackend::idle_forward(const std::vector<const std::vector<ExpertWeights>*>& layer_experts,
-                             const std::vector<const ExpertWeights*>& layer_shared, float swiglu_limit) {
-  DI_CHECK(layer_experts.size() == layer_shared.size());
-  for (size_t i = 0; i < layer_experts.size(); ++i) {
-    const int64_t dim = layer_shared[i]->w2.rows;
-    moe_experts(Tensor{TType::kF32, {0, dim}, nullptr, nullptr}, MoeRoute{}, *layer_experts[i], *layer_shared[i],
+void EpBackend::idle_forward(const ModelWeights& weights, int n_layers, float swiglu_limit) {
+  DI_CHECK(n_layers >= 0 && static_cast<size_t>(n_layers) <= weights.layers.size());
+  for (int l = 0; l < n_layers; ++l) {
+    const LayerWeights& lw = weights.layers[static_cast<size_t>(l)];
+    moe_experts(Tensor{TType::kF32, {0, lw.shared.w2.rows}, nullptr, nullptr}, MoeRoute{}, lw.experts, lw.shared,
                 swiglu_limit);
   }
 }

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "model/model_weights.h"
 #include "parallel/ep_moe.h"
 
 namespace di::parallel {
@@ -17,9 +18,9 @@ class EpBackend final : public Backend {
   // placements: one per routed-expert count (384 backbone / 128 DSpark at the real dims).
   EpBackend(Backend& inner, Communicator& comm, const std::vector<ExpertPlacement>& placements);
 
-  // A forward with no rows: the MoE collectives of each given layer, in order (a "dummy step").
-  void idle_forward(const std::vector<const std::vector<ExpertWeights>*>& layer_experts,
-                    const std::vector<const ExpertWeights*>& layer_shared, float swiglu_limit);
+  // A forward with no rows: the MoE collectives of backbone layers 0 .. n_layers - 1, in order (a
+  // "dummy step").
+  void idle_forward(const ModelWeights& weights, int n_layers, float swiglu_limit);
   int64_t moe_calls() const { return moe_calls_; }
 
   std::string name() const override { return inner_.name() + "+ep"; }

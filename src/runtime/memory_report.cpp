@@ -7,29 +7,13 @@
 
 namespace di {
 
-namespace {
-
-int64_t bytes_of(const Tensor& t) {
-  if (t.empty()) return 0;
-  return t.numel() * (t.type == TType::kU8 ? 1 : 4);
-}
-
-}  // namespace
-
-int64_t sequence_state_bytes(const SequenceState& s) {
-  int64_t b = 0;
-  for (const LayerCache& c : s.layers)
-    for (const Tensor* t : {&c.window, &c.tail_kv, &c.tail_score}) b += bytes_of(*t);
-  return b;
-}
-
 MemoryReport memory_report(ProfilingBackend& backend, const std::vector<const SequenceState*>& states) {
   MemoryReport r;
   const MemoryStats m = backend.memory();
   r.weights = m.weights;
   std::set<const GlobalKvPool*> pools;
   for (const SequenceState* s : states) {
-    r.caches += sequence_state_bytes(*s);
+    r.caches += local_state_bytes(*s);
     if (s->pool && pools.insert(s->pool.get()).second) r.caches += s->pool->capacity_pages() * s->pool->page_bytes();
   }
   r.workspace = std::max<int64_t>(0, m.tensors - r.caches);

@@ -23,9 +23,6 @@ struct MemoryReport {
   int64_t device_other = 0;                   // device_used - weights - live tensors
 };
 
-// Bytes of a sequence's own tensors (window rings, compressor tails); its global rows are in the pool.
-int64_t sequence_state_bytes(const SequenceState& s);
-
 MemoryReport memory_report(ProfilingBackend& backend, const std::vector<const SequenceState*>& states);
 
 // "weights 104.2 GB, caches 6.1 GB, workspace 0.2 GB (peak 8.3 GB); device 121.0 of 150.1 GB in use

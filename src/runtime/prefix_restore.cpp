@@ -5,13 +5,6 @@
 namespace di {
 namespace {
 
-Tensor deep_copy(Backend& b, const Tensor& t) {
-  if (t.empty()) return t;
-  Tensor out = b.alloc(t.type, t.shape);
-  if (t.rows() > 0) b.copy_rows(out, 0, t, 0, t.rows());
-  return out;
-}
-
 void adopt_blocks(SequenceState& s, const PrefixCache::Hit& hit) {
   std::vector<PageRef> pages;
   for (const auto& p : hit.blocks) {
@@ -25,18 +18,13 @@ void adopt_blocks(SequenceState& s, const PrefixCache::Hit& hit) {
 
 }  // namespace
 
-int64_t tensor_bytes(const Tensor& t) {
-  if (t.empty()) return 0;
-  return t.numel() * (t.type == TType::kU8 ? 1 : 4);
-}
-
 std::shared_ptr<const SequenceState> capture_local(const SequenceState& s, Backend& b) {
   auto c = std::make_shared<SequenceState>(s);  // counters; tensors still shared until copied below
   c->engram_history.clear();
   for (LayerCache& l : c->layers) {
-    l.window = deep_copy(b, l.window);
-    l.tail_kv = deep_copy(b, l.tail_kv);
-    l.tail_score = deep_copy(b, l.tail_score);
+    l.window = copy_tensor(b, l.window);
+    l.tail_kv = copy_tensor(b, l.tail_kv);
+    l.tail_score = copy_tensor(b, l.tail_score);
     l.step_kv = Tensor();  // only a rollback right after a forward reads these
     l.step_score = Tensor();
   }
@@ -46,10 +34,7 @@ std::shared_ptr<const SequenceState> capture_local(const SequenceState& s, Backe
 
 int64_t cached_block_bytes(const CachedBlock& block) {
   int64_t n = static_cast<int64_t>(block.pages.size()) * block.page_bytes;
-  if (block.local)
-    for (const LayerCache& l : block.local->layers)
-      n += tensor_bytes(l.window) + tensor_bytes(l.tail_kv) + tensor_bytes(l.tail_score);
-  return n;
+  return block.local ? n + local_state_bytes(*block.local) : n;
 }
 
 SequenceState restore_exact(Model& model, const PrefixCache::Hit& hit, const std::vector<int32_t>& tokens) {
@@ -60,9 +45,9 @@ SequenceState restore_exact(Model& model, const PrefixCache::Hit& hit, const std
   SequenceState s = *last.local;
   std::vector<int64_t> n_comp;
   for (LayerCache& l : s.layers) {
-    l.window = deep_copy(b, l.window);
-    l.tail_kv = deep_copy(b, l.tail_kv);
-    l.tail_score = deep_copy(b, l.tail_score);
+    l.window = copy_tensor(b, l.window);
+    l.tail_kv = copy_tensor(b, l.tail_kv);
+    l.tail_score = copy_tensor(b, l.tail_score);
     n_comp.push_back(l.n_comp);
     l.n_comp = 0;  // the blocks' pages bring the rows
   }

@@ -27,7 +27,6 @@ struct CachedBlock final : PrefixCache::Payload {
 // page table is left empty (the blocks hold those pages) and so is the Engram history.
 std::shared_ptr<const SequenceState> capture_local(const SequenceState& s, Backend& b);
 
-int64_t tensor_bytes(const Tensor& t);
 // Bytes a cached block holds (its rows and its local state).
 int64_t cached_block_bytes(const CachedBlock& block);
 

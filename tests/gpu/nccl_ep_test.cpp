@@ -151,13 +151,7 @@ TEST(NcclEp, ModelLogitsEqualOneRank) {
         ModelConfig c = load_model_config(dir);
         std::unique_ptr<Checkpoint> ckpt = Checkpoint::open(dir);
         ModelWeights w = bind_model_weights(c, *ckpt, *cpu);
-        std::vector<const std::vector<ExpertWeights>*> experts;
-        std::vector<const ExpertWeights*> shared;
-        for (int l = 0; l < c.n_layers; ++l) {
-          experts.push_back(&w.layers[l].experts);
-          shared.push_back(&w.layers[l].shared);
-        }
-        be.idle_forward(experts, shared, static_cast<float>(c.swiglu_limit));
+        be.idle_forward(w, c.n_layers, static_cast<float>(c.swiglu_limit));
         return;
       }
       SequenceState st = model->new_sequence();

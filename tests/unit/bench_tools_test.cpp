@@ -157,7 +157,7 @@ TEST(CacheFiller, DecodesFromAFilledContext) {
     if (l.mode != AttnMode::kFull) continue;
     EXPECT_EQ(s.layers[static_cast<size_t>(l.layer)].n_comp, context / l.ratio) << "layer " << l.layer;
   }
-  EXPECT_GT(sequence_state_bytes(s), 0);
+  EXPECT_GT(local_state_bytes(s), 0);
   const int64_t pages_in_use = m->kv_pool().used_pages();
   for (int step = 0; step < headroom; ++step) {
     ForwardResult r = m->forward(s, {static_cast<int32_t>(rng() % static_cast<uint64_t>(m->config().vocab_size))});

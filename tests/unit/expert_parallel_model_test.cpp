@@ -60,18 +60,12 @@ TEST(ExpertParallelModel, DpRanksWithEpMoeMatchOneRank) {
       ModelConfig c = load_model_config(dir);
       std::unique_ptr<Checkpoint> ckpt = Checkpoint::open(dir);
       ModelWeights w = bind_model_weights(c, *ckpt, *cpu);
-      std::vector<const std::vector<ExpertWeights>*> experts;
-      std::vector<const ExpertWeights*> shared;
-      for (int l = 0; l < c.n_layers; ++l) {
-        experts.push_back(&w.layers[l].experts);
-        shared.push_back(&w.layers[l].shared);
-      }
       std::vector<Seq>& mine = got[me];
       std::vector<SequenceState> states;
       for (size_t i = 0; i < mine.size(); ++i) states.push_back(model->new_sequence());
       for (int step = 0; step < 2; ++step) {
         if (mine.empty()) {
-          be.idle_forward(experts, shared, static_cast<float>(c.swiglu_limit));
+          be.idle_forward(w, c.n_layers, static_cast<float>(c.swiglu_limit));
           continue;
         }
         std::vector<BatchEntry> entries;
