@@ -15,14 +15,16 @@ namespace {
 // Window key lists in the reference's layout, for queries at positions q_first.. over keys whose
 // chunk rows start at position key_first (the chunk starts at `start`; they differ only for the
 // decoder_window_only rows). Prefill (start 0): query p lists min(end, W) positions from
-// max(0, p-W+1); keys are the chunk rows. Otherwise each query lists the W ring slots oldest first;
-// keys are [ring (W rows) ; chunk rows]. Slots holding nothing (ring still filling, positions below
-// `floor`, chunk rows not computed) are -1.
+// max(0, p-W+1) -- W with `full_width`; keys are the chunk rows. Otherwise each query lists the W
+// ring slots oldest first; keys are [ring (W rows) ; chunk rows]. Slots holding nothing (ring still
+// filling, positions below `floor`, chunk rows not computed) are -1.
+// full_width: the list (and so the 64-index softmax blocks of the top-k list after it) does not
+// depend on where the first chunk ends -- the reference's min(end, W) does, once W + top-k > 64.
 std::vector<int32_t> window_lists(int64_t start, int64_t floor, int64_t key_first, int64_t q_first, int64_t nq,
-                                  int64_t w, int64_t* list_len) {
+                                  int64_t w, bool full_width, int64_t* list_len) {
   std::vector<int32_t> idx;
   if (start == 0) {
-    int64_t len = std::min(q_first + nq, w);
+    int64_t len = full_width ? w : std::min(q_first + nq, w);
     *list_len = len;
     idx.resize(nq * len);
     for (int64_t i = 0; i < nq; ++i) {
@@ -127,7 +129,7 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
     if (scratch.window_key_first != p.cur.first || scratch.window_q_first != p.q.first) {
       // the same lists serve every layer with this row layout
       std::vector<int32_t> widx = window_lists(p.start, p.state->window_floor, p.cur.first, p.q.first, p.q.rows, win,
-                                               &scratch.window_list_len);
+                                               !options_.reference_decode_quirks, &scratch.window_list_len);
       scratch.window_idx = be.from_host_i32(widx, {p.q.rows, scratch.window_list_len});
       scratch.window_key_first = p.cur.first;
       scratch.window_q_first = p.q.first;

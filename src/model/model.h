@@ -71,8 +71,9 @@ struct ModelOptions {
   // The official reference's indexers read the index keys last published by any Full layer; in
   // decode a ratio-2 layer whose group is still open publishes none and so scores against the
   // ratio-1 source's keys of the previous step. On (default): reproduce the official decode exactly.
-  // Off: every layer scores against its own KV source's keys, and any chunking of a prompt --
-  // one-token decode included -- gives the same logits as one prefill.
+  // Off: every layer scores against its own KV source's keys, window lists are always `window`
+  // long, and any chunking of a prompt -- one-token decode included -- gives the same logits as
+  // one prefill.
   bool reference_decode_quirks = true;
   // Positions per page of the global-KV page pool (a multiple of every compress ratio).
   int64_t kv_page_tokens = 64;

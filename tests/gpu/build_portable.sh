@@ -9,5 +9,5 @@ export CUDACXX=${CUDACXX:-/usr/local/cuda/bin/nvcc}
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDEEPINFER_CUDA=ON -DDEEPINFER_PORTABLE=ON >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target deepinfer gpu_tests op_bench
 strip build-gpu/deepinfer build-gpu/tests/gpu_tests build-gpu/bench/op_bench
-tar -C build-gpu -cJf build-gpu/bin.tar.xz deepinfer tests/gpu_tests bench/op_bench
+XZ_OPT=-9 tar -C build-gpu -cJf build-gpu/bin.tar.xz deepinfer tests/gpu_tests bench/op_bench
 ls -la build-gpu/bin.tar.xz

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The engine on the GPU (brown-small, the default model): async scheduling on vs off gives the same
 # outputs, and in batch-invariant mode a batch of requests gives what each request gives alone
-# (--max-running 1). Prints the summary lines (host gap per step, throughput) for bench/RESULTS.md.
+# (--max-running 1), and `score --batch-invariant` gives the same logits bit for bit whatever the
+# prefill chunking. Prints the summary lines (host gap per step, throughput) for bench/RESULTS.md.
 # usage: engine_cuda.sh DEEPINFER [OUTDIR]   (DI_DEVICE=cpu runs the same checks on the CPU)
 set -uo pipefail
 BIN=$1
@@ -32,4 +33,17 @@ run invariant_alone --batch-invariant --max-running 1
 cmp <(ids "$DEST/async.jsonl") <(ids "$DEST/sync.jsonl") && echo "PASS async == sync" || { echo "FAIL async != sync"; status=1; }
 cmp <(ids "$DEST/invariant_batch.jsonl") <(ids "$DEST/invariant_alone.jsonl") \
   && echo "PASS batch-invariant: batch == alone" || { echo "FAIL batch-invariant: batch != alone"; status=1; }
+
+# chunking: a 150-token prompt (random ids, fresh each run) prefilled whole and in chunks of 1, 7, 64
+MODEL=$(cd "$(dirname "$0")/../.." && pwd)/models/brown-small
+rand_ids() { python3 -c "import random,sys; print(','.join(str(random.randrange(1, 4000)) for _ in range(int(sys.argv[1]))))" "$1"; }
+PROMPT=$(rand_ids 150) FORCED=$(rand_ids 12)
+for c in 0 1 7 64; do
+  "$BIN" score --model "$MODEL" --prompt-ids "$PROMPT" --forced-ids "$FORCED" --chunk $c --batch-invariant \
+    --device "${DI_DEVICE:-cuda}" --out "$DEST/chunk$c.f32" 2>>"$DEST/chunk.err" || { echo "FAIL score --chunk $c"; status=1; }
+done
+for c in 1 7 64; do
+  cmp -s "$DEST/chunk0.f32" "$DEST/chunk$c.f32" && echo "PASS batch-invariant: chunks of $c == whole prefill" \
+    || { echo "FAIL batch-invariant: chunks of $c != whole prefill"; status=1; }
+done
 exit $status

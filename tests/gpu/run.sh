@@ -15,7 +15,7 @@
 # The device image of this workplace (/work/.library/device/KINDS.md) lists nvcc, CMake and ninja
 # but none of the Debian -dev packages, and has no network, so route 1 is the expected one.
 # Env: DI_GPU_PREBUILT=1 (force 1), DI_GPU_BUILD=1 (force 2), DI_GPU_BUNDLE (another bundle path),
-# GTEST_FILTER, DI_GPU_SEED (replay a printed seed).
+# GTEST_FILTER, DI_GPU_SEED (replay a printed seed), DI_GPU_TESTS_TIMEOUT (seconds for gpu_tests, default 480).
 # gpu_tests holds every tests/gpu/*.cpp, among them the batch-invariant mode's bit-for-bit checks
 # (batch_invariance_test.cpp, BatchInvariance.*; GTEST_FILTER='BatchInvariance.*' runs only them). A
 # bundle built before that file existed lacks them: that is logged and fails the run.
@@ -93,7 +93,7 @@ if ! "$GPU_TESTS" --gtest_list_tests 2>/dev/null | grep -q '^BatchInvariance\.';
   status=1
 fi
 log "gpu_tests ${GTEST_FILTER:+(filter $GTEST_FILTER)}"
-run_logged timeout 480 "$GPU_TESTS" --gtest_output="xml:$DEST/gpu_tests.xml" ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"}
+run_logged timeout "${DI_GPU_TESTS_TIMEOUT:-480}" "$GPU_TESTS" --gtest_output="xml:$DEST/gpu_tests.xml" ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"}
 rc=$?
 log "gpu_tests exit $rc"
 ((rc)) && status=1

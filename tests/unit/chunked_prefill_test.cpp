@@ -72,6 +72,30 @@ TEST_F(ChunkedPrefill, AnyChunkingGivesTheSameLogits) {
   }
 }
 
+// brown-small: window 64 and top-k 64, so a query's list [window ; top-k] spans two 64-index softmax
+// blocks; a first chunk shorter than the window must not shorten the window list (that moves the
+// block boundary and the bf16 rounding of the probabilities; the golden model's 16 + 8 never shows it).
+TEST_F(ChunkedPrefill, AnyChunkingGivesTheSameLogitsWithTwoSoftmaxBlocks) {
+  ModelOptions consistent;
+  consistent.reference_decode_quirks = false;
+  std::unique_ptr<Model> model = Model::load(std::string(DEEPINFER_SOURCE_DIR) + "/models/brown-small", *backend_, consistent);
+  uint64_t seed = std::chrono::steady_clock::now().time_since_epoch().count();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const ModelConfig& cfg = model->config();
+  ASSERT_GE(cfg.window + cfg.index_topk, 128);
+  std::vector<int32_t> ids(cfg.window + 40);
+  ids[0] = 0;
+  for (size_t i = 1; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(3 + rng() % (cfg.vocab_size - 3));
+  std::vector<float> whole = run(ids, {static_cast<int>(ids.size())}, model.get());
+  for (const std::vector<int>& plan : std::vector<std::vector<int>>{{1}, {7}, {32}, {static_cast<int>(cfg.window) - 1}}) {
+    std::vector<float> chunked = run(ids, plan, model.get());
+    ASSERT_EQ(chunked.size(), whole.size());
+    for (size_t i = 0; i < whole.size(); ++i)
+      ASSERT_EQ(chunked[i], whole[i]) << "chunks of " << plan[0] << ", position " << i / cfg.vocab_size;
+  }
+}
+
 TEST_F(ChunkedPrefill, CachesUseThePackedDeploymentFormats) {
   const ModelConfig& cfg = model_->config();
   SequenceState st = model_->new_sequence();
