@@ -40,6 +40,16 @@ struct Tensor {
   uint8_t* u8() const { return static_cast<uint8_t*>(data); }
 };
 
+// Rows [r0, r0 + n) of t without a copy: the view shares t's storage (keeps it alive), so writing
+// through either changes both. For read-only operands; copy first what an op will modify in place.
+inline Tensor row_view(const Tensor& t, int64_t r0, int64_t n) {
+  if (r0 == 0 && n == t.rows()) return t;
+  Tensor v = t;
+  v.shape[0] = n;
+  v.data = static_cast<uint8_t*>(t.data) + r0 * (t.bytes() / (t.rows() ? t.rows() : 1));
+  return v;
+}
+
 // How a weight is multiplied. Fixed per tensor by the reference's module definitions.
 enum class WeightMode : uint8_t {
   kFp8Block,   // F8_E4M3 [out, in] + E8M0 [ceil(out/32), ceil(in/32)]; activation FP8-quantized per 32

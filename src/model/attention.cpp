@@ -12,44 +12,31 @@ namespace di {
 
 namespace {
 
-// Window key lists in the reference's layout, for queries at positions q_first.. over keys whose
-// chunk rows start at position key_first (the chunk starts at `start`; they differ only for the
-// decoder_window_only rows). Prefill (start 0): query p lists min(end, W) positions from
-// max(0, p-W+1) -- W with `full_width`; keys are the chunk rows. Otherwise each query lists the W
-// ring slots oldest first; keys are [ring (W rows) ; chunk rows]. Slots holding nothing (ring still
-// filling, positions below `floor`, chunk rows not computed) are -1.
-// full_width: the list (and so the 64-index softmax blocks of the top-k list after it) does not
-// depend on where the first chunk ends -- the reference's min(end, W) does, once W + top-k > 64.
+// Window key lists for queries at positions q_first.. over keys whose chunk rows start at position
+// key_first (the chunk starts at `start`; they differ only for the decoder_window_only rows). Query p
+// lists the positions max(0, p-W+1) + j, j < len, ascending: len = W, except that a prefill (start 0)
+// in the reference's layout lists min(end, W) (full_width: always W, so that the 64-index softmax
+// blocks of the top-k list after it do not move with the end of the first chunk). Keys are the chunk
+// rows (start 0) or [ring (W rows, slot = position % W) ; chunk rows]. Positions holding nothing
+// (after p, below `floor`, chunk rows not computed) are -1. One layout for every chunking: the -1
+// entries sit at the same list places whether the earlier positions come from the ring or the
+// chunk (a GPU block reduction sums by list place).
 std::vector<int32_t> window_lists(int64_t start, int64_t floor, int64_t key_first, int64_t q_first, int64_t nq,
                                   int64_t w, bool full_width, int64_t* list_len) {
-  std::vector<int32_t> idx;
-  if (start == 0) {
-    int64_t len = full_width ? w : std::min(q_first + nq, w);
-    *list_len = len;
-    idx.resize(nq * len);
-    for (int64_t i = 0; i < nq; ++i) {
-      int64_t p = q_first + i;
-      for (int64_t j = 0; j < len; ++j) {
-        int64_t pos = std::max<int64_t>(0, p - w + 1) + j;
-        idx[i * len + j] = pos > p || pos < key_first ? -1 : static_cast<int32_t>(pos - key_first);
-      }
-    }
-    return idx;
-  }
-  *list_len = w;
-  idx.resize(nq * w);
+  const int64_t len = start == 0 && !full_width ? std::min(q_first + nq, w) : w;
+  const int64_t chunk_base = start == 0 ? 0 : w;  // key index of the chunk's first row
+  *list_len = len;
+  std::vector<int32_t> idx(nq * len);
   for (int64_t i = 0; i < nq; ++i) {
-    int64_t p = q_first + i;
-    int64_t oldest = p % w + 1;
-    for (int64_t j = 0; j < w; ++j) {
-      int64_t slot = (oldest + j) % w;
-      int64_t pos = p - ((p - slot) % w);  // the position this slot holds as of query p
+    const int64_t p = q_first + i;
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t pos = std::max<int64_t>(0, p - w + 1) + j;
       int32_t v;
-      if (slot > p || pos < floor) v = -1;  // ring still filling, or restored without it
-      else if (pos >= key_first) v = static_cast<int32_t>(w + (pos - key_first));
-      else if (pos >= start) v = -1;        // a chunk row not computed here
-      else v = static_cast<int32_t>(slot);
-      idx[i * w + j] = v;
+      if (pos > p || pos < floor) v = -1;
+      else if (pos >= key_first) v = static_cast<int32_t>(chunk_base + (pos - key_first));
+      else if (pos >= start) v = -1;  // a chunk row not computed here
+      else v = static_cast<int32_t>(pos % w);
+      idx[i * len + j] = v;
     }
   }
   return idx;
@@ -58,11 +45,9 @@ std::vector<int32_t> window_lists(int64_t start, int64_t floor, int64_t key_firs
 // Writes the last min(n, W) rows of `kv` (positions start..) into the ring.
 void write_window(Backend& be, const Tensor& kv, int64_t start, int64_t w, Tensor& ring) {
   int64_t n = kv.rows(), first = std::max<int64_t>(0, n - w);
-  Tensor tail = be.alloc(TType::kF32, {n - first, kv.row_size()});
-  be.copy_rows(tail, 0, kv, first, n - first);
   std::vector<int64_t> slots;
   for (int64_t i = first; i < n; ++i) slots.push_back((start + i) % w);
-  be.pack_rows(tail, RowFormat::kFp8Ue8m0, ring, slots);
+  be.pack_rows(row_view(kv, first, n - first), RowFormat::kFp8Ue8m0, ring, slots);
 }
 
 std::vector<int64_t> iota_slots(int64_t begin, int64_t n) {
@@ -123,7 +108,7 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
     ForwardScratch& scratch = batch.scratch[pi];
     LayerCache& cache = p.state->layers[layer];
     // keys: [chunk] (prefill) or [ring ; chunk]; the ring is read before this chunk is written
-    Tensor kv = rows_of(be, r.kv, p.cur.row0, p.cur.rows);
+    Tensor kv = row_view(r.kv, p.cur.row0, p.cur.rows);
     Tensor keys = kv;
     if (p.start > 0) keys = concat_rows(be, be.unpack_rows(cache.window, RowFormat::kFp8Ue8m0, dh, iota_slots(0, win)), kv);
     if (scratch.window_key_first != p.cur.first || scratch.window_q_first != p.q.first) {
@@ -146,7 +131,7 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
         idx = be.concat_cols(idx, comp_idx);  // [q rows, window list ++ top-k list]
       }
     }
-    Tensor op = be.sparse_attention(rows_of(be, r.q, p.q.row0, p.q.rows), heads, keys, idx, a.attn_sink,
+    Tensor op = be.sparse_attention(row_view(r.q, p.q.row0, p.q.rows), heads, keys, idx, a.attn_sink,
                                     1.0f / std::sqrt(static_cast<float>(dh)));
     if (one) o = op;
     else be.copy_rows(o, p.q.row0, op, 0, p.q.rows);
@@ -175,9 +160,9 @@ void Model::compress(int layer, const AttnRows& r, int part, Batch& batch) {
   const int64_t gw = std::max(g0, p.options.keep_global_before / ratio), ng = std::max<int64_t>(0, compress_len - gw);
   Tensor latent;  // [ng, Dh] pre-RoPE latent
   if (ratio == 1) {
-    if (ng > 0) latent = rows_of(be, r.comp_kv, p.cur.row0 + (gw - start), ng);
+    if (ng > 0) latent = rows_of(be, r.comp_kv, p.cur.row0 + (gw - start), ng);  // a copy: roped in place below
   } else {
-    Tensor kvf = rows_of(be, r.comp_kv, p.cur.row0, p.n), score = rows_of(be, r.comp_score, p.cur.row0, p.n);
+    Tensor kvf = row_view(r.comp_kv, p.cur.row0, p.n), score = row_view(r.comp_score, p.cur.row0, p.n);
     if (ng > 0) {
       // members of the completed groups: the pending tail, then this chunk's rows
       Tensor mk = be.alloc(TType::kF32, {ng * ratio, dh}), ms = be.alloc(TType::kF32, {ng * ratio, dh});
@@ -260,8 +245,8 @@ void Model::compressed_branch(int layer, const AttnRows& r, int part, Batch& bat
       const TieBreak ties = options_.reference_decode_quirks ? TieBreak::kTorch : TieBreak::kLowestIndex;
       std::vector<int64_t> visible(nq);
       for (int64_t i = 0; i < nq; ++i) visible[i] = (p.q.first + i + 1) / ratio;
-      Tensor scores = be.index_scores(rows_of(be, r.qi, p.q.row0, nq), cfg_.index_n_heads, keys,
-                                      rows_of(be, r.wts, p.q.row0, nq), visible);
+      Tensor scores = be.index_scores(row_view(r.qi, p.q.row0, nq), cfg_.index_n_heads, keys,
+                                      row_view(r.wts, p.q.row0, nq), visible);
       if (ls.is_candidate_source) {
         scratch.candidates =
             be.select_candidates(scores, visible, cfg_.candidate_topk_blocks, cfg_.candidate_block_size, ties);

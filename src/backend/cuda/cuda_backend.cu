@@ -53,7 +53,26 @@ CudaBackend::CudaBackend() {
                 std::to_string(prop.major) + std::to_string(prop.minor) + ")");
 }
 
-CudaBackend::~CudaBackend() = default;
+CudaBackend::~CudaBackend() {
+  if (staging_) cudaFreeHost(staging_);
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes < (size_t{1} << 20)) {  // small: the pageable path's fixed cost is lower
+    DI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(staging_mutex_);
+  if (staging_bytes_ < bytes) {
+    if (staging_) DI_CUDA_CHECK(cudaFreeHost(staging_));
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    DI_CUDA_CHECK(cudaMallocHost(&staging_, bytes));
+    staging_bytes_ = bytes;
+  }
+  DI_CUDA_CHECK(cudaMemcpy(staging_, src, bytes, cudaMemcpyDeviceToHost));
+  std::memcpy(dst, staging_, bytes);
+}
 
 Tensor CudaBackend::alloc(TType type, const std::vector<int64_t>& shape) {
   Tensor t;
@@ -87,14 +106,14 @@ Tensor CudaBackend::from_host_i32(const std::vector<int32_t>& v, const std::vect
 std::vector<float> CudaBackend::to_host_f32(const Tensor& t) {
   DI_CHECK(t.type == TType::kF32);
   std::vector<float> v(t.numel());
-  if (!v.empty()) DI_CUDA_CHECK(cudaMemcpy(v.data(), t.data, v.size() * 4, cudaMemcpyDeviceToHost));
+  if (!v.empty()) copy_to_host(v.data(), t.data, v.size() * 4);
   return v;
 }
 
 std::vector<int32_t> CudaBackend::to_host_i32(const Tensor& t) {
   DI_CHECK(t.type == TType::kI32);
   std::vector<int32_t> v(t.numel());
-  if (!v.empty()) DI_CUDA_CHECK(cudaMemcpy(v.data(), t.data, v.size() * 4, cudaMemcpyDeviceToHost));
+  if (!v.empty()) copy_to_host(v.data(), t.data, v.size() * 4);
   return v;
 }
 

@@ -21,6 +21,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <string>
 
 #include "backend/cuda/batch_invariance.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -266,65 +267,100 @@ __device__ __forceinline__ Acc warp_sum(Acc v) {
 
 // y[S, N] = x W^T with float weights; Acc = float (bf16 out) or double (fp32 out). For grouped
 // projections, output o reads the x columns [(o / rows_per_group) * K, +K) of a row of x_stride.
-// Grid (ceil(N/4), ceil(S/8)). Bytes per call: N*K*sizeof(w) from DRAM (re-read from L2 by each
-// further 8-row tile), S*K*4 activations per output warp from L1/L2, 4*S*N written.
-template <typename Acc, WKind kKind, int kVec>
+// A warp computes kFeat output features for up to 8 rows: each activation value it loads serves
+// kFeat features (the activations are re-read from L1/L2 once per warp, not once per feature: at
+// 64 rows the fp32 head re-read 169 GB of them one feature per warp). Lanes split K in kVec chunks,
+// warp-shuffle reduction: a feature's summation order does not depend on kFeat or on the row count.
+// Grid (ceil(S/8), ceil(N/(4 kFeat))): the 8-row tiles of one set of features are neighbours in
+// launch order, so the weight rows come from DRAM once and from L2 for the other tiles.
+template <typename Acc, WKind kKind, int kVec, int kFeat>
 __global__ void __launch_bounds__(kWarps * 32)
     float_linear_kernel(const float* __restrict__ x, int64_t x_stride, int rows_per_group, const uint8_t* __restrict__ w,
                         const uint8_t* __restrict__ wscale, int64_t scale_cols, int S, int N, int K, bool bf16_out,
                         float* __restrict__ y) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int o = blockIdx.x * kWarps + warp;
-  if (o >= N) return;
-  const int r0 = blockIdx.y * kFloatRows;
+  const int o0 = (blockIdx.y * kWarps + warp) * kFeat;
+  if (o0 >= N) return;
+  const int nf = min(kFeat, N - o0);  // features of this warp (the group of o0: rows_per_group % kFeat == 0)
+  const int r0 = blockIdx.x * kFloatRows;
   const int rows = min(kFloatRows, S - r0);
-  const float* xb = x + static_cast<int64_t>(r0) * x_stride + static_cast<int64_t>(o / rows_per_group) * K;
-  Acc acc[kFloatRows];
+  const float* xb = x + static_cast<int64_t>(r0) * x_stride + static_cast<int64_t>(o0 / rows_per_group) * K;
+  Acc acc[kFloatRows][kFeat];
 #pragma unroll
-  for (int r = 0; r < kFloatRows; ++r) acc[r] = Acc(0);
+  for (int r = 0; r < kFloatRows; ++r)
+#pragma unroll
+    for (int f = 0; f < kFeat; ++f) acc[r][f] = Acc(0);
   for (int k = lane * kVec; k < K; k += 32 * kVec) {
-    float wv[kVec];
-    load_w<kKind, kVec>(w, wscale, scale_cols, o, K, k, wv);
+    Acc wa[kFeat][kVec];  // converted once for all rows
+#pragma unroll
+    for (int f = 0; f < kFeat; ++f) {
+      float wv[kVec];
+      if (f < nf) load_w<kKind, kVec>(w, wscale, scale_cols, o0 + f, K, k, wv);
+      else
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) wv[i] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) wa[f][i] = static_cast<Acc>(wv[i]);
+    }
 #pragma unroll
     for (int r = 0; r < kFloatRows; ++r) {
       if (r < rows) {
         float xv[kVec];
         load_x<kVec>(xb + r * x_stride + k, xv);
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[r] = fma(static_cast<Acc>(xv[i]), static_cast<Acc>(wv[i]), acc[r]);
+        for (int i = 0; i < kVec; ++i) {
+          const Acc xa = static_cast<Acc>(xv[i]);  // converted once for all features
+#pragma unroll
+          for (int f = 0; f < kFeat; ++f) acc[r][f] = fma(xa, wa[f][i], acc[r][f]);
+        }
       }
     }
   }
-  Acc mine = Acc(0);
 #pragma unroll
-  for (int r = 0; r < kFloatRows; ++r) {
-    const Acc t = warp_sum(acc[r]);
-    if (lane == r) mine = t;
-  }
-  if (lane < rows) {
-    const float f = static_cast<float>(mine);  // fp64 -> fp32 rounds to nearest
-    y[static_cast<int64_t>(r0 + lane) * N + o] = bf16_out ? dq::round_bf16(f) : f;
+  for (int f = 0; f < kFeat; ++f) {
+    Acc mine = Acc(0);
+#pragma unroll
+    for (int r = 0; r < kFloatRows; ++r) {
+      const Acc t = warp_sum(acc[r][f]);
+      if (lane == r) mine = t;
+    }
+    if (f < nf && lane < rows) {
+      const float v = static_cast<float>(mine);  // fp64 -> fp32 rounds to nearest
+      y[static_cast<int64_t>(r0 + lane) * N + o0 + f] = bf16_out ? dq::round_bf16(v) : v;
+    }
   }
 }
 
-template <typename Acc, WKind kKind>
-void launch_float(const float* x, int64_t x_stride, int rows_per_group, const Weight& w, int64_t S, bool bf16_out,
-                  float* y) {
+template <typename Acc, WKind kKind, int kFeat>
+void launch_float_feat(const float* x, int64_t x_stride, int rows_per_group, const Weight& w, int64_t S, bool bf16_out,
+                       float* y) {
   const int N = static_cast<int>(w.rows), K = static_cast<int>(w.cols);
-  const dim3 grid(static_cast<unsigned>(blocks_for(N, kWarps)), static_cast<unsigned>(blocks_for(S, kFloatRows)));
+  const dim3 grid(static_cast<unsigned>(blocks_for(S, kFloatRows)), static_cast<unsigned>(blocks_for(N, kWarps * kFeat)));
   const uint8_t* sc = w.scale ? wscale(w) : nullptr;
   // 8-wide vector loads need 16-byte aligned rows of x and W: K % 8 == 0 (x_stride too).
   if (K % 8 == 0 && x_stride % 8 == 0)
-    float_linear_kernel<Acc, kKind, 8><<<grid, kWarps * 32>>>(x, x_stride, rows_per_group, wdata(w), sc, w.scale_cols,
-                                                              static_cast<int>(S), N, K, bf16_out, y);
+    float_linear_kernel<Acc, kKind, 8, kFeat><<<grid, kWarps * 32>>>(x, x_stride, rows_per_group, wdata(w), sc,
+                                                                     w.scale_cols, static_cast<int>(S), N, K, bf16_out, y);
   else
-    float_linear_kernel<Acc, kKind, 1><<<grid, kWarps * 32>>>(x, x_stride, rows_per_group, wdata(w), sc, w.scale_cols,
-                                                              static_cast<int>(S), N, K, bf16_out, y);
+    float_linear_kernel<Acc, kKind, 1, kFeat><<<grid, kWarps * 32>>>(x, x_stride, rows_per_group, wdata(w), sc,
+                                                                     w.scale_cols, static_cast<int>(S), N, K, bf16_out, y);
   DI_CUDA_LAUNCH_CHECK();
 }
 
+// Four features per warp past one row (a warp's x loads then serve four features) where the
+// groups allow it; one row reads x once per feature either way and keeps more warps in flight.
+template <typename Acc, WKind kKind>
+void launch_float(const float* x, int64_t x_stride, int rows_per_group, const Weight& w, int64_t S, bool bf16_out,
+                  float* y) {
+  if (S > 1 && rows_per_group % 4 == 0)
+    launch_float_feat<Acc, kKind, 4>(x, x_stride, rows_per_group, w, S, bf16_out, y);
+  else
+    launch_float_feat<Acc, kKind, 1>(x, x_stride, rows_per_group, w, S, bf16_out, y);
+}
+
 void check_grid(int64_t S, int64_t N, int64_t K) {
-  DI_CHECK_MSG(S <= 65535LL * kFloatRows && N < (1LL << 31) / 2 && K < (1LL << 31) / 4, "linear: shape too large");
+  DI_CHECK_MSG(S < (1LL << 31) && N <= 65535LL * kWarps && K < (1LL << 31) / 4,
+               "linear: shape too large (at most " + std::to_string(65535 * kWarps) + " float-weight output features)");
 }
 
 int sm_count() {
