@@ -101,8 +101,10 @@ class Backend {
   // --- attention --------------------------------------------------------------------------------
   // Single latent head (K = V). q [S, H*Dh], kv [N, Dh], idx [S, L] (-1 = skip), sink [H] f32.
   // Online softmax over blocks of 64 indices with bf16 probabilities (as the reference kernel).
+  // kv_more [M, Dh] (optional) continues kv: index N + i reads kv_more row i -- keys that live in
+  // another tensor (a batch's compressed rows, shared by the layers of one KV source) without a copy.
   virtual Tensor sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx,
-                                  const Weight& sink, float softmax_scale) = 0;
+                                  const Weight& sink, float softmax_scale, const Tensor& kv_more = Tensor{}) = 0;
   // Per-channel softmax pooling: kv, score [G*ratio, Dh] f32 -> [G, Dh] f32.
   virtual Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) = 0;
   // Lightning-indexer scores: q [S, nh*hd], keys [T, hd], w [S, nh] -> [S, T] (bf16 values, the

@@ -255,14 +255,14 @@ Tensor ProfilingBackend::stream_mean(const Tensor& x, int hc) {
 // --- attention ------------------------------------------------------------------------------------
 
 Tensor ProfilingBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx,
-                                          const Weight& sink, float softmax_scale) {
+                                          const Weight& sink, float softmax_scale, const Tensor& kv_more) {
   const double s = static_cast<double>(q.rows()), l = static_cast<double>(idx.row_size());
   const double dh = static_cast<double>(kv.row_size());
-  const double rows = std::min(static_cast<double>(kv.rows()), s * l);
+  const double rows = std::min(static_cast<double>(kv.rows() + kv_more.rows()), s * l);
   const double bytes = 2.0 * tensor_bytes(q) + tensor_bytes(idx) + 4.0 * rows * dh + 4.0 * heads;
   const double flops = 4.0 * s * heads * l * dh;  // scores and the weighted sum
   return track(timed("sparse_attention", bytes, flops, false,
-                     [&] { return inner_.sparse_attention(q, heads, kv, idx, sink, softmax_scale); }));
+                     [&] { return inner_.sparse_attention(q, heads, kv, idx, sink, softmax_scale, kv_more); }));
 }
 
 Tensor ProfilingBackend::softmax_pool(const Tensor& kv, const Tensor& score, int ratio) {

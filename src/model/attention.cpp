@@ -3,6 +3,7 @@
 // candidate selection, and the Full / Reindex / Reuse sharing of compressed KV and top-k lists.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "core/error.h"
 #include "model/model.h"
@@ -17,14 +18,15 @@ namespace {
 // lists the positions max(0, p-W+1) + j, j < len, ascending: len = W, except that a prefill (start 0)
 // in the reference's layout lists min(end, W) (full_width: always W, so that the 64-index softmax
 // blocks of the top-k list after it do not move with the end of the first chunk). Keys are the chunk
-// rows (start 0) or [ring (W rows, slot = position % W) ; chunk rows]. Positions holding nothing
+// rows at chunk_base.. and, past the first chunk, the ring's W rows at ring_base.. (slot = position %
+// W). Positions holding nothing
 // (after p, below `floor`, chunk rows not computed) are -1. One layout for every chunking: the -1
 // entries sit at the same list places whether the earlier positions come from the ring or the
 // chunk (a GPU block reduction sums by list place).
 std::vector<int32_t> window_lists(int64_t start, int64_t floor, int64_t key_first, int64_t q_first, int64_t nq,
-                                  int64_t w, bool full_width, int64_t* list_len) {
+                                  int64_t w, bool full_width, int64_t ring_base, int64_t chunk_base,
+                                  int64_t* list_len) {
   const int64_t len = start == 0 && !full_width ? std::min(q_first + nq, w) : w;
-  const int64_t chunk_base = start == 0 ? 0 : w;  // key index of the chunk's first row
   *list_len = len;
   std::vector<int32_t> idx(nq * len);
   for (int64_t i = 0; i < nq; ++i) {
@@ -35,7 +37,7 @@ std::vector<int32_t> window_lists(int64_t start, int64_t floor, int64_t key_firs
       if (pos > p || pos < floor) v = -1;
       else if (pos >= key_first) v = static_cast<int32_t>(chunk_base + (pos - key_first));
       else if (pos >= start) v = -1;  // a chunk row not computed here
-      else v = static_cast<int32_t>(pos % w);
+      else v = static_cast<int32_t>(ring_base + pos % w);
       idx[i * len + j] = v;
     }
   }
@@ -100,43 +102,117 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
     be.scale_bf16(r.wts, static_cast<float>(std::pow(ihd, -0.5) * std::pow(cfg_.index_n_heads, -0.5)));
   }
 
-  // per sequence: its window ring and compressed branch
-  const bool one = batch.parts.size() == 1;
-  Tensor o = one ? Tensor{} : be.alloc(TType::kF32, {batch.q_rows, static_cast<int64_t>(heads) * dh});
+  // One sparse attention over every query row of the batch. Keys: [the rings of the parts past
+  // their first chunk ; every current row], then (kv_more) the compressed rows of every part.
+  const WindowLists& wl = window_lists_of(batch);
+  Tensor keys = r.kv;  // [ring rows + rows, Dh]
+  if (batch.ring_rows > 0) {
+    keys = be.alloc(TType::kF32, {batch.ring_rows + batch.rows, dh});
+    for (size_t pi = 0; pi < batch.parts.size(); ++pi)  // each ring is read before this chunk writes it
+      if (batch.ring_base[pi] >= 0)
+        be.copy_rows(keys, batch.ring_base[pi],
+                     be.unpack_rows(batch.parts[pi].state->layers[layer].window, RowFormat::kFp8Ue8m0, dh,
+                                    iota_slots(0, win)),
+                     0, win);
+    be.copy_rows(keys, batch.ring_rows, r.kv, 0, batch.rows);
+  }
+  for (const BatchPart& p : batch.parts)
+    write_window(be, row_view(r.kv, p.cur.row0, p.cur.rows), p.cur.first, win, p.state->layers[layer].window);
+
+  Tensor kv_more;
+  std::vector<Tensor> lists(batch.parts.size());  // per part: [q rows, k] top-k lists into kv_more
+  int64_t list_width = 0;
+  if (ls.ratio > 0) {
+    if (ls.mode == AttnMode::kFull)
+      for (size_t pi = 0; pi < batch.parts.size(); ++pi) compress(layer, r, static_cast<int>(pi), batch);
+    const CompRows& comp = comp_rows_of(ls.kv_source, ls.ratio, batch);
+    kv_more = comp.rows;
+    for (size_t pi = 0; pi < batch.parts.size(); ++pi) {
+      lists[pi] = compressed_branch(layer, r, static_cast<int>(pi), batch, keys.rows() + comp.base[pi]);
+      list_width = std::max(list_width, lists[pi].row_size());
+    }
+  }
+  Tensor idx = attention_lists(wl, lists, list_width, batch);  // [q rows, window ++ top-k]
+  Tensor o = be.sparse_attention(r.q, heads, keys, idx, a.attn_sink, 1.0f / std::sqrt(static_cast<float>(dh)), kv_more);
+  return attention_output(layer, o, batch.q_positions);
+}
+
+const WindowLists& Model::window_lists_of(Batch& batch) {
+  WindowLists& wl = batch.window;
+  if (wl.rows == batch.rows && wl.q_rows == batch.q_rows) return wl;  // the same for every layer of a layout
+  const int64_t win = cfg_.window;
+  wl = WindowLists{};
+  wl.rows = batch.rows;
+  wl.q_rows = batch.q_rows;
   for (size_t pi = 0; pi < batch.parts.size(); ++pi) {
     const BatchPart& p = batch.parts[pi];
-    ForwardScratch& scratch = batch.scratch[pi];
-    LayerCache& cache = p.state->layers[layer];
-    // keys: [chunk] (prefill) or [ring ; chunk]; the ring is read before this chunk is written
-    Tensor kv = row_view(r.kv, p.cur.row0, p.cur.rows);
-    Tensor keys = kv;
-    if (p.start > 0) keys = concat_rows(be, be.unpack_rows(cache.window, RowFormat::kFp8Ue8m0, dh, iota_slots(0, win)), kv);
-    if (scratch.window_key_first != p.cur.first || scratch.window_q_first != p.q.first) {
-      // the same lists serve every layer with this row layout
-      std::vector<int32_t> widx = window_lists(p.start, p.state->window_floor, p.cur.first, p.q.first, p.q.rows, win,
-                                               !options_.reference_decode_quirks, &scratch.window_list_len);
-      scratch.window_idx = be.from_host_i32(widx, {p.q.rows, scratch.window_list_len});
-      scratch.window_key_first = p.cur.first;
-      scratch.window_q_first = p.q.first;
-    }
-    write_window(be, kv, p.cur.first, win, cache.window);
-
-    Tensor idx = scratch.window_idx;
-    if (ls.ratio > 0) {
-      if (ls.mode == AttnMode::kFull) compress(layer, r, static_cast<int>(pi), batch);
-      Tensor comp_rows, comp_idx;
-      compressed_branch(layer, r, static_cast<int>(pi), batch, static_cast<int>(keys.rows()), comp_rows, comp_idx);
-      if (comp_idx.row_size() > 0) {
-        keys = concat_rows(be, keys, comp_rows);
-        idx = be.concat_cols(idx, comp_idx);  // [q rows, window list ++ top-k list]
-      }
-    }
-    Tensor op = be.sparse_attention(row_view(r.q, p.q.row0, p.q.rows), heads, keys, idx, a.attn_sink,
-                                    1.0f / std::sqrt(static_cast<float>(dh)));
-    if (one) o = op;
-    else be.copy_rows(o, p.q.row0, op, 0, p.q.rows);
+    int64_t len = 0;
+    wl.parts.push_back(window_lists(p.start, p.state->window_floor, p.cur.first, p.q.first, p.q.rows, win,
+                                    !options_.reference_decode_quirks, batch.ring_base[pi],
+                                    batch.ring_rows + p.cur.row0, &len));
+    wl.len.push_back(len);
   }
-  return attention_output(layer, o, batch.q_positions);
+  if (std::all_of(wl.len.begin(), wl.len.end(), [&](int64_t l) { return l == wl.len[0]; })) {
+    std::vector<int32_t> all;
+    for (const std::vector<int32_t>& v : wl.parts) all.insert(all.end(), v.begin(), v.end());
+    wl.all = backend_.from_host_i32(all, {batch.q_rows, wl.len[0]});
+  }
+  return wl;
+}
+
+Tensor Model::attention_lists(const WindowLists& wl, const std::vector<Tensor>& lists, int64_t width, Batch& batch) {
+  Backend& be = backend_;
+  const size_t np = batch.parts.size();
+  // a part's list, padded with -1 to `width` at its end: a -1 after every entry of a row changes no
+  // sum (CPU or GPU), a -1 between entries would (GPU block sums pair entries by list place)
+  auto padded = [&](Tensor t, int64_t nq, int64_t want) {
+    if (t.row_size() == want) return t;
+    Tensor pad = be.from_host_i32(std::vector<int32_t>(static_cast<size_t>(nq * (want - t.row_size())), -1),
+                                  {nq, want - t.row_size()});
+    return t.row_size() == 0 ? pad : be.concat_cols(t, pad);
+  };
+  auto gather = [&](const std::function<Tensor(size_t)>& part_rows, int64_t cols) {  // [q rows, cols]
+    if (np == 1) return part_rows(0);
+    Tensor out = be.alloc(TType::kI32, {batch.q_rows, cols});
+    for (size_t pi = 0; pi < np; ++pi)
+      if (batch.parts[pi].q.rows > 0) be.copy_rows(out, batch.parts[pi].q.row0, part_rows(pi), 0, batch.parts[pi].q.rows);
+    return out;
+  };
+  if (!wl.all.empty()) {  // one window width: [window lists ; top-k lists padded to one width]
+    if (width == 0) return wl.all;
+    return be.concat_cols(wl.all, gather([&](size_t pi) { return padded(lists[pi], batch.parts[pi].q.rows, width); },
+                                         width));
+  }
+  // window widths differ (reference layout, prefill chunks shorter than the window): per part
+  // [window ; top-k], padded to the widest
+  int64_t widest = 0;
+  for (size_t pi = 0; pi < np; ++pi) widest = std::max(widest, wl.len[pi] + (lists[pi].empty() ? 0 : lists[pi].row_size()));
+  return gather(
+      [&](size_t pi) {
+        const int64_t nq = batch.parts[pi].q.rows;
+        Tensor w = be.from_host_i32(wl.parts[pi], {nq, wl.len[pi]});
+        Tensor row = lists[pi].empty() || lists[pi].row_size() == 0 ? w : be.concat_cols(w, lists[pi]);
+        return padded(row, nq, widest);
+      },
+      widest);
+}
+
+const CompRows& Model::comp_rows_of(int source, int ratio, Batch& batch) {
+  auto it = batch.comp_rows.find(source);
+  if (it != batch.comp_rows.end()) return it->second;
+  CompRows c;
+  std::vector<int64_t> slots;
+  for (const BatchPart& p : batch.parts) {
+    const int64_t compress_len = (p.start + p.n) / ratio;
+    DI_CHECK(p.state->layers[source].n_comp >= compress_len);
+    c.base.push_back(static_cast<int64_t>(slots.size()));
+    std::vector<int64_t> s = global_slots(*p.state, source, 0, compress_len);
+    slots.insert(slots.end(), s.begin(), s.end());
+  }
+  GlobalKvPool& pool = *batch.parts[0].state->pool;
+  c.rows = slots.empty() ? backend_.alloc(TType::kF32, {0, cfg_.head_dim})
+                         : backend_.unpack_rows(pool.comp(source), RowFormat::kFp4E4m3, cfg_.head_dim, slots);
+  return batch.comp_rows[source] = std::move(c);
 }
 
 Tensor Model::attention_output(int layer, Tensor& o, const std::vector<int64_t>& positions) {
@@ -211,16 +287,19 @@ void Model::compress(int layer, const AttnRows& r, int part, Batch& batch) {
   be.pack_rows(latent, RowFormat::kFp4E4m3, state.pool->comp(layer), slots);
   cache.n_comp = std::max(cache.n_comp, compress_len);
   batch.scratch[part].invalidate(layer);
+  batch.comp_rows.erase(layer);
 }
 
-void Model::compressed_branch(int layer, const AttnRows& r, int part, Batch& batch, int offset, Tensor& rows,
-                              Tensor& idx) {
+Tensor Model::compressed_branch(int layer, const AttnRows& r, int part, Batch& batch, int64_t offset64) {
+  DI_CHECK_MSG(offset64 < (int64_t{1} << 31), "attention: more than 2^31 keys in one batch");
+  const int offset = static_cast<int>(offset64);
+  Tensor idx;
   const LayerSchedule& ls = cfg_.layers[layer];
   const BatchPart& p = batch.parts[part];
   ForwardScratch& scratch = batch.scratch[part];
   SequenceState& state = *p.state;
   Backend& be = backend_;
-  const int ratio = ls.ratio, dh = cfg_.head_dim, ihd = cfg_.index_head_dim;
+  const int ratio = ls.ratio, ihd = cfg_.index_head_dim;
   const int64_t nq = p.q.rows, compress_len = (p.start + p.n) / ratio;
 
   const LayerCache& src = state.layers[ls.kv_source];
@@ -271,12 +350,7 @@ void Model::compressed_branch(int layer, const AttnRows& r, int part, Batch& bat
       idx = be.from_host_i32(v, idx.shape);
     }
   }
-  Tensor& unpacked = scratch.comp_rows[{ls.kv_source, compress_len}];
-  if (unpacked.empty())
-    unpacked = compress_len > 0 ? be.unpack_rows(state.pool->comp(ls.kv_source), RowFormat::kFp4E4m3, dh,
-                                                 global_slots(state, ls.kv_source, 0, compress_len))
-                                : be.alloc(TType::kF32, {0, dh});
-  rows = unpacked;
+  return idx;
 }
 
 Tensor Model::dspark_attention(int layer, const Tensor& x, const std::vector<int64_t>& positions,

@@ -100,6 +100,12 @@ std::vector<ForwardResult> Model::forward_batch(std::vector<BatchEntry>& entries
     batch.rows += p.n;
     all_ids.insert(all_ids.end(), en.ids.begin(), en.ids.end());
   }
+  batch.ring_base.assign(batch.parts.size(), -1);  // the parts past their first chunk read their rings
+  for (size_t e = 0; e < batch.parts.size(); ++e)
+    if (batch.parts[e].start > 0) {
+      batch.ring_base[e] = batch.ring_rows;
+      batch.ring_rows += cfg_.window;
+    }
   auto engram_cols = [&](int slot) {  // [current rows, nc] I32
     std::vector<int32_t> v(batch.rows * nc);
     for (size_t e = 0; e < batch.parts.size(); ++e) {

@@ -19,6 +19,8 @@
 namespace di {
 
 struct EngramTokenMap;  // tokenizer/engram_token_map.h
+struct CompRows;        // model/model_scratch.h
+struct WindowLists;
 
 struct ForwardResult {
   std::vector<float> logits;  // [n_rows, vocab] fp32: the last position, or every computed position
@@ -137,9 +139,15 @@ class Model {
   // Full layers: the compressor over one sequence's rows (pending tail, completed groups -> packed
   // compressed KV and index keys).
   void compress(int layer, const AttnRows& a, int part, Batch& batch);
-  // Compressed branch of a ratio > 0 layer for one sequence's query rows: rows to append to the
-  // attention keys and their top-k lists (already offset by `offset`).
-  void compressed_branch(int layer, const AttnRows& a, int part, Batch& batch, int offset, Tensor& rows, Tensor& idx);
+  // Compressed branch of a ratio > 0 layer for one sequence's query rows: their top-k lists into
+  // its compressed rows, which sit at key `offset` onwards ([q rows, k] I32).
+  Tensor compressed_branch(int layer, const AttnRows& a, int part, Batch& batch, int64_t offset);
+  // The batch's window lists for its current row layout (built on the host once per layout).
+  const WindowLists& window_lists_of(Batch& batch);
+  // The compressed rows of every part for a KV source, unpacked once per forward (until it writes).
+  const CompRows& comp_rows_of(int source, int ratio, Batch& batch);
+  // [q rows, window ++ top-k] lists of the whole batch; `lists` per part, `width` the widest.
+  Tensor attention_lists(const WindowLists& wl, const std::vector<Tensor>& lists, int64_t width, Batch& batch);
   Tensor attention_output(int layer, Tensor& o, const std::vector<int64_t>& positions);
   // Engram: appends ids to the history (cut to `start` first) and hashes them: [n][slot][col] rows.
   std::vector<int32_t> engram_hashes(SequenceState& state, int64_t start, const std::vector<int32_t>& ids);

@@ -22,17 +22,28 @@ struct Model::ForwardScratch {
   // index source layer -> [q rows, k] I32, already offset by that layer's window key count
   std::map<int, std::pair<Tensor, int>> topk;
   Tensor candidates;           // [q rows, T] U8 from the candidate source layer
-  // [q rows, list] I32 window key lists: the same for every layer with the same row layout
-  Tensor window_idx;
-  int64_t window_list_len = 0;
-  int64_t window_key_first = -1, window_q_first = -1;  // the layout window_idx was built for
-  // Unpacked compressed KV / index keys, (source layer, rows) -> [rows, dim]: the Reuse and Reindex
-  // layers of one forward read the same source cache. Dropped when the source writes.
-  std::map<std::pair<int, int64_t>, Tensor> comp_rows, index_keys;
+  // Unpacked index keys, (source layer, rows) -> [rows, ihd]: the Reindex layers of one forward read
+  // the same source cache. Dropped when the source writes.
+  std::map<std::pair<int, int64_t>, Tensor> index_keys;
   void invalidate(int layer) {
-    for (auto* m : {&comp_rows, &index_keys})
-      for (auto it = m->begin(); it != m->end();) it = it->first.first == layer ? m->erase(it) : std::next(it);
+    for (auto it = index_keys.begin(); it != index_keys.end();)
+      it = it->first.first == layer ? index_keys.erase(it) : std::next(it);
   }
+};
+
+// The compressed rows of every sequence of a batch for one KV source, unpacked into one tensor
+// (the keys after [rings ; current rows] of one sparse attention over the whole batch).
+struct CompRows {
+  Tensor rows;                // [sum of the parts' rows, Dh] f32
+  std::vector<int64_t> base;  // per part: its first row in `rows`
+};
+
+// The window key lists of every query row of a batch, for one row layout.
+struct WindowLists {
+  int64_t rows = -1, q_rows = -1;  // the layout they were built for
+  std::vector<std::vector<int32_t>> parts;  // per part: [q rows, len] over [rings ; current rows]
+  std::vector<int64_t> len;        // per part
+  Tensor all;                      // [q rows, len] of every part when every len is equal, else empty
 };
 
 // Rows of one sequence in the batch's activations. A layer's keys come from the current rows; its
@@ -55,6 +66,12 @@ struct BatchPart {
 struct Model::Batch {
   std::vector<BatchPart> parts;
   std::vector<ForwardScratch> scratch;  // per part
+  // Keys of a layer's attention: [the window rings of the parts past their first chunk ; every
+  // current row]. ring_base[i]: part i's ring rows (-1: none, a first chunk reads no ring).
+  std::vector<int64_t> ring_base;
+  int64_t ring_rows = 0;
+  WindowLists window;
+  std::map<int, CompRows> comp_rows;  // per KV source layer; dropped when the source writes
   std::vector<int64_t> positions;       // [current rows]
   std::vector<int64_t> q_positions;     // [query rows] of the layer in progress
   int64_t rows = 0, q_rows = 0;
@@ -86,7 +103,7 @@ struct Model::Batch {
   }
 };
 
-// One attention layer's batched projections (every row at once), sliced per sequence after.
+// One attention layer's batched projections (every row at once), sliced per sequence where needed.
 struct Model::AttnRows {
   Tensor x;                    // [rows, D] normed input of the current rows (keys, compressor)
   Tensor xq, qr, q;            // [q rows, D], [q rows, q_lora], [q rows, H*Dh] roped

@@ -69,8 +69,8 @@ class EpBackend final : public Backend {
   }
   Tensor stream_mean(const Tensor& x, int hc) override { return inner_.stream_mean(x, hc); }
   Tensor sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx, const Weight& sink,
-                          float scale) override {
-    return inner_.sparse_attention(q, heads, kv, idx, sink, scale);
+                          float scale, const Tensor& kv_more) override {
+    return inner_.sparse_attention(q, heads, kv, idx, sink, scale, kv_more);
   }
   Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) override {
     return inner_.softmax_pool(kv, score, ratio);

@@ -186,6 +186,17 @@ void check_sparse_attention(AttentionOps& t, Rng& rng, const AttnCase& c) {
     const int64_t w = c.heads * c.dh, r = c.rows - 1;
     for (int64_t i = 0; i < w; ++i) ASSERT_EQ(got[r * w + i], 0.0f) << "all -1 row, element " << i;
   }
+  // The same keys split into kv and kv_more at a random row: the same bits on each backend.
+  if (c.n_kv > 1) {
+    const int64_t m = rng.uniform_int(1, c.n_kv - 1);
+    std::vector<float> cpu_split = t.cpu->to_host_f32(t.cpu->sparse_attention(
+        qc, c.heads, row_view(kv.cpu, 0, m), ic, sink.w, scale, row_view(kv.cpu, m, c.n_kv - m)));
+    std::vector<float> gpu_split = t.gpu->to_host_f32(t.gpu->sparse_attention(
+        qg, c.heads, row_view(kv.gpu, 0, m), ig, sink.w, scale, row_view(kv.gpu, m, c.n_kv - m)));
+    int64_t first = 0;
+    EXPECT_EQ(bit_mismatches(cpu_split, want, &first), 0) << "cpu, kv split at " << m << ": " << at_str(cpu_split, want, first);
+    EXPECT_EQ(bit_mismatches(gpu_split, got, &first), 0) << "gpu, kv split at " << m << ": " << at_str(gpu_split, got, first);
+  }
   std::printf("[ sparse_attention ] rows=%lld heads=%d dh=%lld L=%lld: %s\n", static_cast<long long>(c.rows), c.heads,
               static_cast<long long>(c.dh), static_cast<long long>(c.len), cmp.str().c_str());
 }

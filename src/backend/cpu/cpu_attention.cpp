@@ -18,9 +18,14 @@ constexpr int kAttnBlock = 64;  // the reference kernel's index block
 }  // namespace
 
 Tensor CpuBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx,
-                                    const Weight& sink, float softmax_scale) {
-  int64_t s = q.rows(), d = kv.row_size(), l = idx.row_size();
+                                    const Weight& sink, float softmax_scale, const Tensor& kv_more) {
+  int64_t s = q.rows(), d = kv.row_size(), l = idx.row_size(), n_kv = kv.rows();
   DI_CHECK(q.row_size() == heads * d && idx.rows() == s);
+  DI_CHECK(kv_more.empty() || kv_more.row_size() == d);
+  const int64_t n_all = n_kv + (kv_more.empty() ? 0 : kv_more.rows());
+  auto key = [&](int32_t id) {  // row id of [kv ; kv_more]
+    return id < n_kv ? kv.f32() + id * d : kv_more.f32() + (id - n_kv) * d;
+  };
   Tensor out = alloc(TType::kF32, {s, heads * d});
   parallel_for(s * heads, [&](int64_t b, int64_t e) {
     std::vector<float> acc(d), score(kAttnBlock);
@@ -40,8 +45,8 @@ Tensor CpuBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv
             score[j] = kNegInf;
             continue;
           }
-          DI_CHECK(id < kv.rows());
-          score[j] = cpu::dot(qh, kv.f32() + id * d, d) * softmax_scale;
+          DI_CHECK(id < n_all);
+          score[j] = cpu::dot(qh, key(id), d) * softmax_scale;
           blk_max = std::max(blk_max, score[j]);
         }
         float new_max = std::max(run_max, blk_max);
@@ -53,7 +58,7 @@ Tensor CpuBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv
           float p = std::exp(score[j] - new_max);
           sum_exp += p;
           float pb = quant::round_bf16(p);  // probabilities enter PV in bf16
-          const float* row = kv.f32() + ids[blk + j] * d;
+          const float* row = key(ids[blk + j]);
           for (int64_t i = 0; i < d; ++i) acc[i] += pb * row[i];
         }
         run_max = new_max;

@@ -41,7 +41,7 @@ class CpuBackend final : public Backend {
   Tensor stream_mean(const Tensor& x, int hc) override;
 
   Tensor sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx, const Weight& sink,
-                          float softmax_scale) override;
+                          float softmax_scale, const Tensor& kv_more) override;
   Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) override;
   Tensor index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
                       const std::vector<int64_t>& visible) override;

@@ -59,8 +59,8 @@ __device__ __forceinline__ float transpose_reduce16(float (&v)[16], int lane) {
 // global reads: L kv rows per head group.
 template <int DPL>
 __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
-    const float* __restrict__ q, const float* __restrict__ kv, int64_t n_kv, const int32_t* __restrict__ idx,
-    int64_t len, const uint8_t* sink, WType sink_t, float scale, int heads, int dh, bool vec4, int64_t split_len,
+    const float* __restrict__ q, const float* __restrict__ kv, int64_t n_kv, const float* __restrict__ kv_more,
+    int64_t n_more, const int32_t* __restrict__ idx, int64_t len, const uint8_t* sink, WType sink_t, float scale, int heads, int dh, bool vec4, int64_t split_len,
     int mode, float* __restrict__ blk_max, float* __restrict__ part, float* __restrict__ out) {
   constexpr int kHpw = kHeadsPerWarp;
   extern __shared__ float4 smem4[];
@@ -106,20 +106,21 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
     __syncthreads();  // the previous tile and ids are consumed
     for (int j = threadIdx.x; j < kAttnBlock; j += blockDim.x) {  // blocks of 1 warp exist (<= 2 heads)
       const int32_t id = j < n ? idx[r * len + blk + j] : -1;
-      ids[j] = (id >= 0 && id < n_kv) ? id : -1;  // out-of-range ids are skipped like -1
+      ids[j] = (id >= 0 && id < n_kv + n_more) ? id : -1;  // out-of-range ids are skipped like -1
     }
     __syncthreads();
     if (vec4) {
       const int row4 = dh / 4;
       for (int e = threadIdx.x; e < kAttnBlock * row4; e += blockDim.x) {
         const int j = e / row4, d4 = e % row4, id = ids[j];
-        smem4[e] = id >= 0 ? __ldg(reinterpret_cast<const float4*>(kv + static_cast<int64_t>(id) * dh) + d4)
-                           : make_float4(0, 0, 0, 0);
+        const float* row = id < n_kv ? kv + static_cast<int64_t>(id) * dh : kv_more + (id - n_kv) * dh;
+        smem4[e] = id >= 0 ? __ldg(reinterpret_cast<const float4*>(row) + d4) : make_float4(0, 0, 0, 0);
       }
     } else {
       for (int e = threadIdx.x; e < kAttnBlock * dh; e += blockDim.x) {
         const int j = e / dh, d = e % dh, id = ids[j];
-        tile[e] = id >= 0 ? __ldg(kv + static_cast<int64_t>(id) * dh + d) : 0.0f;
+        const float* row = id < n_kv ? kv + static_cast<int64_t>(id) * dh : kv_more + (id - n_kv) * dh;
+        tile[e] = id >= 0 ? __ldg(row + d) : 0.0f;
       }
     }
     __syncthreads();
@@ -260,7 +261,7 @@ __global__ void sparse_attention_combine_kernel(const float* __restrict__ part, 
 
 template <int DPL>
 void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const float* kv, int64_t n_kv,
-                             const int32_t* idx, int64_t len, const uint8_t* sink, WType sink_t, float scale,
+                             const float* kv_more, int64_t n_more, const int32_t* idx, int64_t len, const uint8_t* sink, WType sink_t, float scale,
                              float* out, CudaBackend& be) {
   // Decode has one query row per launch: fewer heads per CTA and the list split over CTAs (partials
   // merged by a second kernel) so that ~two waves of the 132 SMs share the work. The batch-invariant
@@ -285,7 +286,8 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
     part = be.alloc(TType::kF32, {rows_per_launch * heads * used, dh + 2});
     bmax = be.alloc(TType::kF32, {rows_per_launch * heads, blocks});
   }
-  const bool vec4 = dh % 4 == 0 && reinterpret_cast<uintptr_t>(kv) % 16 == 0;  // 16-byte kv row loads
+  const bool vec4 = dh % 4 == 0 && reinterpret_cast<uintptr_t>(kv) % 16 == 0 &&  // 16-byte kv row loads
+                    reinterpret_cast<uintptr_t>(kv_more) % 16 == 0;
   const size_t smem = (static_cast<size_t>(kAttnBlock) * dh + static_cast<size_t>(nwarps) * kHeadsPerWarp * kAttnBlock) *
                       sizeof(float);
   static const bool attr_set = [] {
@@ -304,15 +306,15 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
     float* outr = out + r0 * heads * dh;
     const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(groups), static_cast<unsigned>(used));
     if (merge) {  // pass 1: block maxima (QK only); pass 2: the splits, each from the CPU's running max
-      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, kv, n_kv, ir, len, sink, sink_t, scale, heads, dh,
+      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, kv, n_kv, kv_more, n_more, ir, len, sink, sink_t, scale, heads, dh,
                                                                 vec4, split_len, kAttnMaxPass, bmax.f32(), nullptr,
                                                                 outr);
       DI_CUDA_LAUNCH_CHECK();
-      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, kv, n_kv, ir, len, sink, sink_t, scale, heads, dh,
+      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, kv, n_kv, kv_more, n_more, ir, len, sink, sink_t, scale, heads, dh,
                                                                 vec4, split_len, kAttnAfterMaxPass, bmax.f32(),
                                                                 part.f32(), outr);
     } else {
-      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, kv, n_kv, ir, len, sink, sink_t, scale, heads, dh,
+      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, kv, n_kv, kv_more, n_more, ir, len, sink, sink_t, scale, heads, dh,
                                                                 vec4, std::max<int64_t>(len, 1), kAttnOnePass, nullptr,
                                                                 nullptr, outr);
     }
@@ -436,9 +438,12 @@ unsigned elem_blocks(int64_t total) {
 }  // namespace
 
 Tensor CudaBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx, const Weight& sink,
-                                     float softmax_scale) {
+                                     float softmax_scale, const Tensor& kv_more) {
   const int64_t s = q.rows(), d = kv.row_size(), len = idx.row_size();
   DI_CHECK(q.type == TType::kF32 && kv.type == TType::kF32 && idx.type == TType::kI32);
+  DI_CHECK(kv_more.empty() || (kv_more.type == TType::kF32 && kv_more.row_size() == d));
+  const float* more = kv_more.empty() ? nullptr : kv_more.f32();
+  const int64_t n_more = kv_more.empty() ? 0 : kv_more.rows();
   DI_CHECK(heads > 0 && q.row_size() == heads * d && idx.rows() == s);
   DI_CHECK(sink.rows * sink.cols >= heads);
   const WType sink_t = cuda::attn::weight_type(sink, "sparse_attention", "sink");
@@ -449,11 +454,11 @@ Tensor CudaBackend::sparse_attention(const Tensor& q, int heads, const Tensor& k
   const int dh = static_cast<int>(d);
   const uint8_t* sk = cuda::wdata(sink);
   const int need = (dh + 31) / 32;
-  if (need <= 1) launch_sparse_attention<1>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
-  else if (need <= 2) launch_sparse_attention<2>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
-  else if (need <= 4) launch_sparse_attention<4>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
-  else if (need <= 8) launch_sparse_attention<8>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
-  else launch_sparse_attention<16>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  if (need <= 1) launch_sparse_attention<1>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), more, n_more, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  else if (need <= 2) launch_sparse_attention<2>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), more, n_more, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  else if (need <= 4) launch_sparse_attention<4>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), more, n_more, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  else if (need <= 8) launch_sparse_attention<8>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), more, n_more, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  else launch_sparse_attention<16>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), more, n_more, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
   return out;
 }
 
