@@ -101,10 +101,17 @@ class Backend {
   // --- attention --------------------------------------------------------------------------------
   // Single latent head (K = V). q [S, H*Dh], kv [N, Dh], idx [S, L] (-1 = skip), sink [H] f32.
   // Online softmax over blocks of 64 indices with bf16 probabilities (as the reference kernel).
-  // kv_more [M, Dh] (optional) continues kv: index N + i reads kv_more row i -- keys that live in
-  // another tensor (a batch's compressed rows, shared by the layers of one KV source) without a copy.
+  // kv_more (optional) continues kv: index N + i reads kv_more row i -- keys that live in another
+  // tensor without a copy. F32 [M, Dh], or U8 packed cache rows [M, packed_row_bytes(more_format, Dh)]
+  // dequantized as unpack_rows does (the compressed KV read straight from the page pool).
   virtual Tensor sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx,
-                                  const Weight& sink, float softmax_scale, const Tensor& kv_more = Tensor{}) = 0;
+                                  const Weight& sink, float softmax_scale, const Tensor& kv_more = Tensor{},
+                                  RowFormat more_format = RowFormat::kFp4E4m3) = 0;
+  // Row ids of paged caches -> pool rows, in place: row i of a list of row r (entries >= 0) becomes
+  // base + table[table_start[r] + i / rows_per_page] * rows_per_page + i % rows_per_page; -1 stays.
+  // idx [S, L] I32, table_start [S], table: the page ids of every row's sequence, concatenated.
+  virtual void map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start, const std::vector<int32_t>& table,
+                              int64_t rows_per_page, int64_t base) = 0;
   // Per-channel softmax pooling: kv, score [G*ratio, Dh] f32 -> [G, Dh] f32.
   virtual Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) = 0;
   // Lightning-indexer scores: q [S, nh*hd], keys [T, hd], w [S, nh] -> [S, T] (bf16 values, the

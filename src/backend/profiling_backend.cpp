@@ -255,14 +255,24 @@ Tensor ProfilingBackend::stream_mean(const Tensor& x, int hc) {
 // --- attention ------------------------------------------------------------------------------------
 
 Tensor ProfilingBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx,
-                                          const Weight& sink, float softmax_scale, const Tensor& kv_more) {
+                                          const Weight& sink, float softmax_scale, const Tensor& kv_more,
+                                          RowFormat more_format) {
   const double s = static_cast<double>(q.rows()), l = static_cast<double>(idx.row_size());
   const double dh = static_cast<double>(kv.row_size());
-  const double rows = std::min(static_cast<double>(kv.rows() + kv_more.rows()), s * l);
-  const double bytes = 2.0 * tensor_bytes(q) + tensor_bytes(idx) + 4.0 * rows * dh + 4.0 * heads;
+  // keys read at most once each: kv rows (f32) and kv_more rows (f32 or packed), at most s * l
+  const double rows_a = std::min(static_cast<double>(kv.rows()), s * l);
+  const double rows_b = std::min(static_cast<double>(kv_more.rows()), s * l);
+  const double more_row = kv_more.rows() ? static_cast<double>(tensor_bytes(kv_more)) / kv_more.rows() : 0.0;
+  const double bytes = 2.0 * tensor_bytes(q) + tensor_bytes(idx) + 4.0 * rows_a * dh + rows_b * more_row + 4.0 * heads;
   const double flops = 4.0 * s * heads * l * dh;  // scores and the weighted sum
   return track(timed("sparse_attention", bytes, flops, false,
-                     [&] { return inner_.sparse_attention(q, heads, kv, idx, sink, softmax_scale, kv_more); }));
+                     [&] { return inner_.sparse_attention(q, heads, kv, idx, sink, softmax_scale, kv_more, more_format); }));
+}
+
+void ProfilingBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start,
+                                      const std::vector<int32_t>& table, int64_t rows_per_page, int64_t base) {
+  timed("map_paged_rows", 2.0 * tensor_bytes(idx), 0, false,
+        [&] { inner_.map_paged_rows(idx, table_start, table, rows_per_page, base); });
 }
 
 Tensor ProfilingBackend::softmax_pool(const Tensor& kv, const Tensor& score, int ratio) {

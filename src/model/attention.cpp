@@ -103,7 +103,8 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
   }
 
   // One sparse attention over every query row of the batch. Keys: [the rings of the parts past
-  // their first chunk ; every current row], then (kv_more) the compressed rows of every part.
+  // their first chunk ; every current row], then (kv_more) the KV source's compressed rows in the
+  // page pool, packed, where the top-k lists point (each part's row ids mapped through its pages).
   const WindowLists& wl = window_lists_of(batch);
   Tensor keys = r.kv;  // [ring rows + rows, Dh]
   if (batch.ring_rows > 0) {
@@ -120,20 +121,33 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
     write_window(be, row_view(r.kv, p.cur.row0, p.cur.rows), p.cur.first, win, p.state->layers[layer].window);
 
   Tensor kv_more;
-  std::vector<Tensor> lists(batch.parts.size());  // per part: [q rows, k] top-k lists into kv_more
+  std::vector<Tensor> lists(batch.parts.size());  // per part: [q rows, k] compressed row ids
   int64_t list_width = 0;
   if (ls.ratio > 0) {
     if (ls.mode == AttnMode::kFull)
       for (size_t pi = 0; pi < batch.parts.size(); ++pi) compress(layer, r, static_cast<int>(pi), batch);
-    const CompRows& comp = comp_rows_of(ls.kv_source, ls.ratio, batch);
-    kv_more = comp.rows;
+    kv_more = kv_pool_->comp(ls.kv_source);
     for (size_t pi = 0; pi < batch.parts.size(); ++pi) {
-      lists[pi] = compressed_branch(layer, r, static_cast<int>(pi), batch, keys.rows() + comp.base[pi]);
+      lists[pi] = compressed_branch(layer, r, static_cast<int>(pi), batch);
       list_width = std::max(list_width, lists[pi].row_size());
     }
   }
-  Tensor idx = attention_lists(wl, lists, list_width, batch);  // [q rows, window ++ top-k]
-  Tensor o = be.sparse_attention(r.q, heads, keys, idx, a.attn_sink, 1.0f / std::sqrt(static_cast<float>(dh)), kv_more);
+  // the parts' row ids -> pool rows of the source, after the keys in kv
+  const int64_t per_page = ls.ratio > 0 ? kv_pool_->rows_per_page(ls.kv_source) : 0, base = keys.rows();
+  auto to_pool_rows = [&](Tensor& ids, size_t first, size_t n) {
+    std::vector<int64_t> table_start;
+    std::vector<int32_t> table;
+    for (size_t pi = first; pi < first + n; ++pi) {
+      const BatchPart& p = batch.parts[pi];
+      DI_CHECK(p.state->pool == kv_pool_);
+      table_start.insert(table_start.end(), static_cast<size_t>(p.q.rows), static_cast<int64_t>(table.size()));
+      for (const PageRef& page : p.state->pages) table.push_back(static_cast<int32_t>(page->id()));
+    }
+    be.map_paged_rows(ids, table_start, table, per_page, base);
+  };
+  Tensor idx = attention_lists(wl, lists, list_width, batch, to_pool_rows);  // [q rows, window ++ top-k]
+  Tensor o = be.sparse_attention(r.q, heads, keys, idx, a.attn_sink, 1.0f / std::sqrt(static_cast<float>(dh)), kv_more,
+                                 RowFormat::kFp4E4m3);
   return attention_output(layer, o, batch.q_positions);
 }
 
@@ -160,7 +174,8 @@ const WindowLists& Model::window_lists_of(Batch& batch) {
   return wl;
 }
 
-Tensor Model::attention_lists(const WindowLists& wl, const std::vector<Tensor>& lists, int64_t width, Batch& batch) {
+Tensor Model::attention_lists(const WindowLists& wl, const std::vector<Tensor>& lists, int64_t width, Batch& batch,
+                              const std::function<void(Tensor&, size_t, size_t)>& to_pool_rows) {
   Backend& be = backend_;
   const size_t np = batch.parts.size();
   // a part's list, padded with -1 to `width` at its end: a -1 after every entry of a row changes no
@@ -180,8 +195,10 @@ Tensor Model::attention_lists(const WindowLists& wl, const std::vector<Tensor>& 
   };
   if (!wl.all.empty()) {  // one window width: [window lists ; top-k lists padded to one width]
     if (width == 0) return wl.all;
-    return be.concat_cols(wl.all, gather([&](size_t pi) { return padded(lists[pi], batch.parts[pi].q.rows, width); },
-                                         width));
+    Tensor top = gather([&](size_t pi) { return padded(lists[pi], batch.parts[pi].q.rows, width); }, width);
+    if (np == 1) top = copy_tensor(be, top);  // mapped in place: the list may be a Reuse layer's source list
+    to_pool_rows(top, 0, np);
+    return be.concat_cols(wl.all, top);
   }
   // window widths differ (reference layout, prefill chunks shorter than the window): per part
   // [window ; top-k], padded to the widest
@@ -191,28 +208,13 @@ Tensor Model::attention_lists(const WindowLists& wl, const std::vector<Tensor>& 
       [&](size_t pi) {
         const int64_t nq = batch.parts[pi].q.rows;
         Tensor w = be.from_host_i32(wl.parts[pi], {nq, wl.len[pi]});
-        Tensor row = lists[pi].empty() || lists[pi].row_size() == 0 ? w : be.concat_cols(w, lists[pi]);
+        if (lists[pi].empty() || lists[pi].row_size() == 0) return padded(w, nq, widest);
+        Tensor top = copy_tensor(be, lists[pi]);
+        to_pool_rows(top, pi, 1);
+        Tensor row = be.concat_cols(w, top);
         return padded(row, nq, widest);
       },
       widest);
-}
-
-const CompRows& Model::comp_rows_of(int source, int ratio, Batch& batch) {
-  auto it = batch.comp_rows.find(source);
-  if (it != batch.comp_rows.end()) return it->second;
-  CompRows c;
-  std::vector<int64_t> slots;
-  for (const BatchPart& p : batch.parts) {
-    const int64_t compress_len = (p.start + p.n) / ratio;
-    DI_CHECK(p.state->layers[source].n_comp >= compress_len);
-    c.base.push_back(static_cast<int64_t>(slots.size()));
-    std::vector<int64_t> s = global_slots(*p.state, source, 0, compress_len);
-    slots.insert(slots.end(), s.begin(), s.end());
-  }
-  GlobalKvPool& pool = *batch.parts[0].state->pool;
-  c.rows = slots.empty() ? backend_.alloc(TType::kF32, {0, cfg_.head_dim})
-                         : backend_.unpack_rows(pool.comp(source), RowFormat::kFp4E4m3, cfg_.head_dim, slots);
-  return batch.comp_rows[source] = std::move(c);
 }
 
 Tensor Model::attention_output(int layer, Tensor& o, const std::vector<int64_t>& positions) {
@@ -287,12 +289,9 @@ void Model::compress(int layer, const AttnRows& r, int part, Batch& batch) {
   be.pack_rows(latent, RowFormat::kFp4E4m3, state.pool->comp(layer), slots);
   cache.n_comp = std::max(cache.n_comp, compress_len);
   batch.scratch[part].invalidate(layer);
-  batch.comp_rows.erase(layer);
 }
 
-Tensor Model::compressed_branch(int layer, const AttnRows& r, int part, Batch& batch, int64_t offset64) {
-  DI_CHECK_MSG(offset64 < (int64_t{1} << 31), "attention: more than 2^31 keys in one batch");
-  const int offset = static_cast<int>(offset64);
+Tensor Model::compressed_branch(int layer, const AttnRows& r, int part, Batch& batch) {
   Tensor idx;
   const LayerSchedule& ls = cfg_.layers[layer];
   const BatchPart& p = batch.parts[part];
@@ -334,21 +333,13 @@ Tensor Model::compressed_branch(int layer, const AttnRows& r, int part, Batch& b
         be.mask_scores(scores, scratch.candidates);
       }
       int k = static_cast<int>(std::min<int64_t>(cfg_.index_topk, compress_len));
-      idx = be.topk_indices(scores, k, visible, offset, ties);
+      idx = be.topk_indices(scores, k, visible, 0, ties);
     }
-    scratch.topk[layer] = {idx, offset};
+    scratch.topk[layer] = idx;
   } else {
     auto it = scratch.topk.find(ls.index_source);
     DI_CHECK(it != scratch.topk.end());
-    idx = it->second.first;
-    if (it->second.second != offset) {
-      // the source had more window keys (the decoder_window_only split layer): re-offset, on the host
-      // (once per layer after the split, in long chunks only)
-      std::vector<int32_t> v = be.to_host_i32(idx);
-      for (int32_t& i : v)
-        if (i >= 0) i += offset - it->second.second;
-      idx = be.from_host_i32(v, idx.shape);
-    }
+    idx = it->second;
   }
   return idx;
 }

@@ -19,8 +19,7 @@
 namespace di {
 
 struct EngramTokenMap;  // tokenizer/engram_token_map.h
-struct CompRows;        // model/model_scratch.h
-struct WindowLists;
+struct WindowLists;     // model/model_scratch.h
 
 struct ForwardResult {
   std::vector<float> logits;  // [n_rows, vocab] fp32: the last position, or every computed position
@@ -139,15 +138,15 @@ class Model {
   // Full layers: the compressor over one sequence's rows (pending tail, completed groups -> packed
   // compressed KV and index keys).
   void compress(int layer, const AttnRows& a, int part, Batch& batch);
-  // Compressed branch of a ratio > 0 layer for one sequence's query rows: their top-k lists into
-  // its compressed rows, which sit at key `offset` onwards ([q rows, k] I32).
-  Tensor compressed_branch(int layer, const AttnRows& a, int part, Batch& batch, int64_t offset);
+  // Compressed branch of a ratio > 0 layer for one sequence's query rows: their top-k lists of its
+  // compressed row ids ([q rows, k] I32, -1 = none).
+  Tensor compressed_branch(int layer, const AttnRows& a, int part, Batch& batch);
   // The batch's window lists for its current row layout (built on the host once per layout).
   const WindowLists& window_lists_of(Batch& batch);
-  // The compressed rows of every part for a KV source, unpacked once per forward (until it writes).
-  const CompRows& comp_rows_of(int source, int ratio, Batch& batch);
-  // [q rows, window ++ top-k] lists of the whole batch; `lists` per part, `width` the widest.
-  Tensor attention_lists(const WindowLists& wl, const std::vector<Tensor>& lists, int64_t width, Batch& batch);
+  // [q rows, window ++ top-k] lists of the whole batch; `lists` per part, `width` the widest;
+  // to_pool_rows(ids, first part, parts) maps the parts' row ids to key ids of the page pool.
+  Tensor attention_lists(const WindowLists& wl, const std::vector<Tensor>& lists, int64_t width, Batch& batch,
+                         const std::function<void(Tensor&, size_t, size_t)>& to_pool_rows);
   Tensor attention_output(int layer, Tensor& o, const std::vector<int64_t>& positions);
   // Engram: appends ids to the history (cut to `start` first) and hashes them: [n][slot][col] rows.
   std::vector<int32_t> engram_hashes(SequenceState& state, int64_t start, const std::vector<int32_t>& ids);

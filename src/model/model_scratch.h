@@ -19,8 +19,8 @@ inline Tensor rows_of(Backend& be, const Tensor& t, int64_t r0, int64_t n) {
 }
 
 struct Model::ForwardScratch {
-  // index source layer -> [q rows, k] I32, already offset by that layer's window key count
-  std::map<int, std::pair<Tensor, int>> topk;
+  // index source layer -> [q rows, k] I32 compressed row ids of the sequence (Reuse layers share them)
+  std::map<int, Tensor> topk;
   Tensor candidates;           // [q rows, T] U8 from the candidate source layer
   // Unpacked index keys, (source layer, rows) -> [rows, ihd]: the Reindex layers of one forward read
   // the same source cache. Dropped when the source writes.
@@ -29,13 +29,6 @@ struct Model::ForwardScratch {
     for (auto it = index_keys.begin(); it != index_keys.end();)
       it = it->first.first == layer ? index_keys.erase(it) : std::next(it);
   }
-};
-
-// The compressed rows of every sequence of a batch for one KV source, unpacked into one tensor
-// (the keys after [rings ; current rows] of one sparse attention over the whole batch).
-struct CompRows {
-  Tensor rows;                // [sum of the parts' rows, Dh] f32
-  std::vector<int64_t> base;  // per part: its first row in `rows`
 };
 
 // The window key lists of every query row of a batch, for one row layout.
@@ -71,7 +64,6 @@ struct Model::Batch {
   std::vector<int64_t> ring_base;
   int64_t ring_rows = 0;
   WindowLists window;
-  std::map<int, CompRows> comp_rows;  // per KV source layer; dropped when the source writes
   std::vector<int64_t> positions;       // [current rows]
   std::vector<int64_t> q_positions;     // [query rows] of the layer in progress
   int64_t rows = 0, q_rows = 0;

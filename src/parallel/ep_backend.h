@@ -69,8 +69,12 @@ class EpBackend final : public Backend {
   }
   Tensor stream_mean(const Tensor& x, int hc) override { return inner_.stream_mean(x, hc); }
   Tensor sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx, const Weight& sink,
-                          float scale, const Tensor& kv_more) override {
-    return inner_.sparse_attention(q, heads, kv, idx, sink, scale, kv_more);
+                          float scale, const Tensor& kv_more, RowFormat more_format) override {
+    return inner_.sparse_attention(q, heads, kv, idx, sink, scale, kv_more, more_format);
+  }
+  void map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start, const std::vector<int32_t>& table,
+                      int64_t rows_per_page, int64_t base) override {
+    inner_.map_paged_rows(idx, table_start, table, rows_per_page, base);
   }
   Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) override {
     return inner_.softmax_pool(kv, score, ratio);

@@ -196,6 +196,32 @@ void check_sparse_attention(AttentionOps& t, Rng& rng, const AttnCase& c) {
     int64_t first = 0;
     EXPECT_EQ(bit_mismatches(cpu_split, want, &first), 0) << "cpu, kv split at " << m << ": " << at_str(cpu_split, want, first);
     EXPECT_EQ(bit_mismatches(gpu_split, got, &first), 0) << "gpu, kv split at " << m << ": " << at_str(gpu_split, got, first);
+    // kv_more as packed FP4 cache rows (the page pool's compressed KV): the same bits as those rows
+    // unpacked, on each backend
+    if (c.dh % 16 == 0) {
+      std::vector<int64_t> slots(static_cast<size_t>(c.n_kv - m));
+      for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int64_t>(slots.size() - 1 - i);  // reversed
+      const int64_t rb = packed_row_bytes(RowFormat::kFp4E4m3, c.dh);
+      for (Backend* be : {t.cpu.get(), t.gpu.get()}) {
+        const bool on_gpu = be == t.gpu.get();
+        Tensor more = copy_tensor(*be, row_view(on_gpu ? kv.gpu : kv.cpu, m, c.n_kv - m));
+        be->qdq(more, RowFormat::kFp4E4m3);
+        Tensor packed = be->zeros(TType::kU8, {c.n_kv - m, rb});
+        be->pack_rows(more, RowFormat::kFp4E4m3, packed, slots);
+        Tensor unpacked = be->unpack_rows(packed, RowFormat::kFp4E4m3, c.dh, slots);  // = more
+        const Tensor& q = on_gpu ? qg : qc;
+        const Tensor& ix = on_gpu ? ig : ic;
+        const Tensor head = row_view(on_gpu ? kv.gpu : kv.cpu, 0, m);
+        // ids into kv_more follow the packed rows' order: row i of `unpacked` is packed row slots[i]
+        std::vector<int32_t> remapped(idx);
+        for (int32_t& v : remapped)
+          if (v >= m) v = static_cast<int32_t>(m + slots[static_cast<size_t>(v - m)]);
+        std::vector<float> f = be->to_host_f32(be->sparse_attention(q, c.heads, head, ix, sink.w, scale, unpacked));
+        std::vector<float> p = be->to_host_f32(be->sparse_attention(
+            q, c.heads, head, be->from_host_i32(remapped, {c.rows, c.len}), sink.w, scale, packed, RowFormat::kFp4E4m3));
+        EXPECT_EQ(bit_mismatches(p, f, &first), 0) << (on_gpu ? "gpu" : "cpu") << ", packed kv_more: " << at_str(p, f, first);
+      }
+    }
   }
   std::printf("[ sparse_attention ] rows=%lld heads=%d dh=%lld L=%lld: %s\n", static_cast<long long>(c.rows), c.heads,
               static_cast<long long>(c.dh), static_cast<long long>(c.len), cmp.str().c_str());
@@ -213,6 +239,27 @@ TEST_F(AttentionOps, SparseAttention) {
                                                  {5, 1, 64, 50, 100},   // one warp per block
                                                  {2, 64, 512, 2000, 2048}})  // list split over 32 CTAs, merged
     check_sparse_attention(*this, r, c);
+}
+
+// ---- paged row ids ------------------------------------------------------------------------------------
+
+TEST_F(AttentionOps, MapPagedRowsExact) {
+  Rng& r = rng();
+  const int64_t rows = 37, len = 300, per_page = 32;
+  std::vector<int64_t> start;
+  std::vector<int32_t> table;
+  std::vector<int32_t> idx(static_cast<size_t>(rows * len));
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t pages = r.uniform_int(1, 12);
+    start.push_back(static_cast<int64_t>(table.size()));
+    for (int64_t p = 0; p < pages; ++p) table.push_back(static_cast<int32_t>(r.uniform_int(0, 5000)));
+    for (int64_t j = 0; j < len; ++j)
+      idx[i * len + j] = r.uniform(0, 1) < 0.2f ? -1 : static_cast<int32_t>(r.uniform_int(0, pages * per_page - 1));
+  }
+  Tensor c = cpu->from_host_i32(idx, {rows, len}), g = gpu->from_host_i32(idx, {rows, len});
+  cpu->map_paged_rows(c, start, table, per_page, 777);
+  gpu->map_paged_rows(g, start, table, per_page, 777);
+  EXPECT_EQ(gpu->to_host_i32(g), cpu->to_host_i32(c)) << seed_note();
 }
 
 // ---- softmax pooling ------------------------------------------------------------------------------

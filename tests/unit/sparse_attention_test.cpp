@@ -1,6 +1,7 @@
-// sparse_attention's key tensors: keys split into kv and kv_more (the batched attention keeps every
-// sequence's compressed rows in kv_more) give the same bits as the keys in one tensor, and a -1 after
-// a row's last entry (the batch's lists are padded to one width) changes nothing.
+// sparse_attention's key tensors: keys split into kv and kv_more give the same bits as the keys in
+// one tensor, kv_more as packed cache rows (the compressed KV read from the page pool) the same bits
+// as those rows unpacked, and a -1 after a row's last entry (the batch's lists are padded to one
+// width) changes nothing. map_paged_rows maps row ids through page tables.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,9 +47,34 @@ TEST(SparseAttentionKeys, SplitKeysAndTrailingPaddingGiveTheSameBits) {
         be->sparse_attention(qt, heads, row_view(keys, 0, m), it, sink, scale, row_view(keys, m, n_kv - m)));
     ASSERT_EQ(std::memcmp(split.data(), whole.data(), whole.size() * sizeof(float)), 0) << "split at " << m;
   }
+  // kv_more packed: rows quantize-dequantized to FP4, packed; attention over the packed rows equals
+  // attention over their unpacked values
+  const int64_t m = 100;
+  Tensor more = be->from_host_f32(std::vector<float>(kv.begin() + m * dh, kv.end()), {n_kv - m, dh});
+  be->qdq(more, RowFormat::kFp4E4m3);
+  Tensor packed = be->zeros(TType::kU8, {n_kv - m, packed_row_bytes(RowFormat::kFp4E4m3, dh)});
+  std::vector<int64_t> slots(static_cast<size_t>(n_kv - m));
+  for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int64_t>(i);
+  be->pack_rows(more, RowFormat::kFp4E4m3, packed, slots);
+  std::vector<float> from_f32 =
+      be->to_host_f32(be->sparse_attention(qt, heads, row_view(keys, 0, m), it, sink, scale, more));
+  std::vector<float> from_packed = be->to_host_f32(
+      be->sparse_attention(qt, heads, row_view(keys, 0, m), it, sink, scale, packed, RowFormat::kFp4E4m3));
+  ASSERT_EQ(std::memcmp(from_packed.data(), from_f32.data(), from_f32.size() * sizeof(float)), 0);
   std::vector<float> pad = be->to_host_f32(
       be->sparse_attention(qt, heads, keys, be->from_host_i32(padded, {rows, len + 70}), sink, scale));
   ASSERT_EQ(std::memcmp(pad.data(), whole.data(), whole.size() * sizeof(float)), 0);
+}
+
+TEST(MapPagedRows, RowIdsGoThroughEachRowsPageTable) {
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  // two sequences: pages {5, 2} and {0, 7, 3}; 4 rows per page; base 10
+  const std::vector<int32_t> table = {5, 2, 0, 7, 3};
+  const std::vector<int64_t> start = {0, 2, 2};  // row 0 -> sequence 0, rows 1-2 -> sequence 1
+  Tensor idx = be->from_host_i32({0, 7, -1, 3, 9, 4, 11, -1, 0}, {3, 3});
+  be->map_paged_rows(idx, start, table, 4, 10);
+  EXPECT_EQ(be->to_host_i32(idx), (std::vector<int32_t>{10 + 20, 10 + 8 + 3, -1, 10 + 3, 10 + 12 + 1, 10 + 28,
+                                                        10 + 12 + 3, -1, 10 + 0}));
 }
 
 }  // namespace

@@ -18,17 +18,24 @@ constexpr int kAttnBlock = 64;  // the reference kernel's index block
 }  // namespace
 
 Tensor CpuBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx,
-                                    const Weight& sink, float softmax_scale, const Tensor& kv_more) {
+                                    const Weight& sink, float softmax_scale, const Tensor& kv_more,
+                                    RowFormat more_format) {
   int64_t s = q.rows(), d = kv.row_size(), l = idx.row_size(), n_kv = kv.rows();
   DI_CHECK(q.row_size() == heads * d && idx.rows() == s);
-  DI_CHECK(kv_more.empty() || kv_more.row_size() == d);
+  const bool packed = kv_more.type == TType::kU8 && !kv_more.empty();
+  DI_CHECK(kv_more.empty() || (packed ? kv_more.row_size() == packed_row_bytes(more_format, d) : kv_more.row_size() == d));
   const int64_t n_all = n_kv + (kv_more.empty() ? 0 : kv_more.rows());
-  auto key = [&](int32_t id) {  // row id of [kv ; kv_more]
-    return id < n_kv ? kv.f32() + id * d : kv_more.f32() + (id - n_kv) * d;
-  };
   Tensor out = alloc(TType::kF32, {s, heads * d});
   parallel_for(s * heads, [&](int64_t b, int64_t e) {
-    std::vector<float> acc(d), score(kAttnBlock);
+    std::vector<float> acc(d), score(kAttnBlock), rows(packed ? kAttnBlock * d : 0);
+    // key row id of [kv ; kv_more]; packed rows are dequantized into slot j of `rows` (as unpack_rows)
+    auto key = [&](int32_t id, int64_t j) -> const float* {
+      if (id < n_kv) return kv.f32() + id * d;
+      if (!packed) return kv_more.f32() + (id - n_kv) * d;
+      float* y = rows.data() + j * d;
+      cpu::unpack_row(kv_more.u8() + (id - n_kv) * kv_more.row_size(), more_format, d, y);
+      return y;
+    };
     for (int64_t t = b; t < e; ++t) {
       int64_t r = t / heads;
       int h = static_cast<int>(t % heads);
@@ -46,7 +53,7 @@ Tensor CpuBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv
             continue;
           }
           DI_CHECK(id < n_all);
-          score[j] = cpu::dot(qh, key(id), d) * softmax_scale;
+          score[j] = cpu::dot(qh, key(id, j), d) * softmax_scale;
           blk_max = std::max(blk_max, score[j]);
         }
         float new_max = std::max(run_max, blk_max);
@@ -58,7 +65,7 @@ Tensor CpuBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv
           float p = std::exp(score[j] - new_max);
           sum_exp += p;
           float pb = quant::round_bf16(p);  // probabilities enter PV in bf16
-          const float* row = key(ids[blk + j]);
+          const float* row = ids[blk + j] < n_kv || !packed ? key(ids[blk + j], j) : rows.data() + j * d;
           for (int64_t i = 0; i < d; ++i) acc[i] += pb * row[i];
         }
         run_max = new_max;
@@ -69,6 +76,22 @@ Tensor CpuBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv
     }
   });
   return out;
+}
+
+void CpuBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start, const std::vector<int32_t>& table,
+                                int64_t rows_per_page, int64_t base) {
+  const int64_t s = idx.rows(), l = idx.row_size();
+  DI_CHECK(idx.type == TType::kI32 && static_cast<int64_t>(table_start.size()) == s && rows_per_page > 0);
+  for (int64_t r = 0; r < s; ++r)
+    for (int64_t j = 0; j < l; ++j) {
+      int32_t& v = idx.i32()[r * l + j];
+      if (v < 0) continue;
+      const int64_t page = table_start[r] + v / rows_per_page;
+      DI_CHECK(page >= 0 && page < static_cast<int64_t>(table.size()));
+      const int64_t mapped = base + table[page] * rows_per_page + v % rows_per_page;
+      DI_CHECK(mapped < (int64_t{1} << 31));
+      v = static_cast<int32_t>(mapped);
+    }
 }
 
 Tensor CpuBackend::softmax_pool(const Tensor& kv, const Tensor& score, int ratio) {

@@ -41,7 +41,9 @@ class CpuBackend final : public Backend {
   Tensor stream_mean(const Tensor& x, int hc) override;
 
   Tensor sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx, const Weight& sink,
-                          float softmax_scale, const Tensor& kv_more) override;
+                          float softmax_scale, const Tensor& kv_more, RowFormat more_format) override;
+  void map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start, const std::vector<int32_t>& table,
+                      int64_t rows_per_page, int64_t base) override;
   Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) override;
   Tensor index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
                       const std::vector<int64_t>& visible) override;
@@ -70,6 +72,8 @@ float weight_at(const Weight& w, int64_t i);
 float dot(const float* a, const float* b, int64_t n);
 // Dot product accumulated in double (fp32 GEMMs of the reference: mHC mixes, router, head).
 double dot_f64(const float* a, const float* b, int64_t n);
+// One packed cache row -> dim floats (the dequantization of unpack_rows).
+void unpack_row(const uint8_t* row, RowFormat format, int64_t dim, float* y);
 }  // namespace cpu
 
 }  // namespace di

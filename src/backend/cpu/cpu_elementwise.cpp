@@ -96,17 +96,19 @@ Tensor CpuBackend::unpack_rows(const Tensor& cache, RowFormat format, int64_t di
   parallel_for(static_cast<int64_t>(slots.size()), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       DI_CHECK(slots[r] >= 0 && slots[r] < cache.rows());
-      const uint8_t* row = cache.u8() + slots[r] * rb;
-      float* y = out.f32() + r * dim;
-      int n = static_cast<int>(dim);
-      switch (format) {
-        case RowFormat::kFp8Ue8m0: quant::fp8_ue8m0_dequant(row, row + n, n, 32, y); break;
-        case RowFormat::kFp4E4m3: quant::fp4_e4m3_dequant(row, row + n / 2, n, y); break;
-        case RowFormat::kFp4Ue8m0: quant::fp4_ue8m0_dequant(row, row + n / 2, n, y); break;
-      }
+      cpu::unpack_row(cache.u8() + slots[r] * rb, format, dim, out.f32() + r * dim);
     }
   }, 64);
   return out;
+}
+
+void cpu::unpack_row(const uint8_t* row, RowFormat format, int64_t dim, float* y) {
+  const int n = static_cast<int>(dim);
+  switch (format) {
+    case RowFormat::kFp8Ue8m0: quant::fp8_ue8m0_dequant(row, row + n, n, 32, y); break;
+    case RowFormat::kFp4E4m3: quant::fp4_e4m3_dequant(row, row + n / 2, n, y); break;
+    case RowFormat::kFp4Ue8m0: quant::fp4_ue8m0_dequant(row, row + n / 2, n, y); break;
+  }
 }
 
 namespace {

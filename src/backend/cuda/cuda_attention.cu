@@ -14,6 +14,7 @@
 #include "backend/cuda/batch_invariance.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_quant.cuh"
 
 namespace di {
 namespace {
@@ -53,14 +54,33 @@ __device__ __forceinline__ float transpose_reduce16(float (&v)[16], int lane) {
   return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 16);
 }
 
+// Element i of a packed cache row (unpack_rows' dequantization).
+__device__ __forceinline__ float packed_at(const uint8_t* row, RowFormat f, int dh, int i) {
+  switch (f) {
+    case RowFormat::kFp8Ue8m0: return cuda::dq::fp8_ue8m0_dequant_at(row, row + dh, i);
+    case RowFormat::kFp4E4m3: return cuda::dq::fp4_e4m3_dequant_at(row, row + dh / 2, i);
+    default: return cuda::dq::fp4_ue8m0_dequant_at(row, row + dh / 2, i);
+  }
+}
+
+// Keys of a sparse attention: rows [0, n_kv) of kv (f32), then n_more rows of kv_more, f32 or (packed
+// != nullptr) packed cache rows of `fmt` dequantized as they are staged.
+struct AttnKeys {
+  const float* kv;
+  int64_t n_kv;
+  const float* more;
+  const uint8_t* packed;
+  int64_t n_more, packed_row_bytes;
+  RowFormat fmt;
+};
+
 // One block per (query row, group of 16 heads); each warp owns 2 heads, each lane DPL of the Dh
 // dims (d = lane + 32 c). Per 64-index block the gathered kv rows [64, Dh] are staged in shared
 // memory once and read by every head of the block. Per row and head: L x Dh x 2 FMAs (QK and PV);
 // global reads: L kv rows per head group.
 template <int DPL>
 __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
-    const float* __restrict__ q, const float* __restrict__ kv, int64_t n_kv, const float* __restrict__ kv_more,
-    int64_t n_more, const int32_t* __restrict__ idx, int64_t len, const uint8_t* sink, WType sink_t, float scale, int heads, int dh, bool vec4, int64_t split_len,
+    const float* __restrict__ q, AttnKeys keys, const int32_t* __restrict__ idx, int64_t len, const uint8_t* sink, WType sink_t, float scale, int heads, int dh, bool vec4, int64_t split_len,
     int mode, float* __restrict__ blk_max, float* __restrict__ part, float* __restrict__ out) {
   constexpr int kHpw = kHeadsPerWarp;
   extern __shared__ float4 smem4[];
@@ -106,20 +126,30 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
     __syncthreads();  // the previous tile and ids are consumed
     for (int j = threadIdx.x; j < kAttnBlock; j += blockDim.x) {  // blocks of 1 warp exist (<= 2 heads)
       const int32_t id = j < n ? idx[r * len + blk + j] : -1;
-      ids[j] = (id >= 0 && id < n_kv + n_more) ? id : -1;  // out-of-range ids are skipped like -1
+      ids[j] = (id >= 0 && id < keys.n_kv + keys.n_more) ? id : -1;  // out-of-range ids are skipped like -1
     }
     __syncthreads();
     if (vec4) {
       const int row4 = dh / 4;
       for (int e = threadIdx.x; e < kAttnBlock * row4; e += blockDim.x) {
         const int j = e / row4, d4 = e % row4, id = ids[j];
-        const float* row = id < n_kv ? kv + static_cast<int64_t>(id) * dh : kv_more + (id - n_kv) * dh;
+        if (id >= keys.n_kv && keys.packed != nullptr) {
+          const uint8_t* pr = keys.packed + (id - keys.n_kv) * keys.packed_row_bytes;
+          smem4[e] = make_float4(packed_at(pr, keys.fmt, dh, 4 * d4), packed_at(pr, keys.fmt, dh, 4 * d4 + 1),
+                                 packed_at(pr, keys.fmt, dh, 4 * d4 + 2), packed_at(pr, keys.fmt, dh, 4 * d4 + 3));
+          continue;
+        }
+        const float* row = id < keys.n_kv ? keys.kv + static_cast<int64_t>(id) * dh : keys.more + (id - keys.n_kv) * dh;
         smem4[e] = id >= 0 ? __ldg(reinterpret_cast<const float4*>(row) + d4) : make_float4(0, 0, 0, 0);
       }
     } else {
       for (int e = threadIdx.x; e < kAttnBlock * dh; e += blockDim.x) {
         const int j = e / dh, d = e % dh, id = ids[j];
-        const float* row = id < n_kv ? kv + static_cast<int64_t>(id) * dh : kv_more + (id - n_kv) * dh;
+        if (id >= keys.n_kv && keys.packed != nullptr) {
+          tile[e] = packed_at(keys.packed + (id - keys.n_kv) * keys.packed_row_bytes, keys.fmt, dh, d);
+          continue;
+        }
+        const float* row = id < keys.n_kv ? keys.kv + static_cast<int64_t>(id) * dh : keys.more + (id - keys.n_kv) * dh;
         tile[e] = id >= 0 ? __ldg(row + d) : 0.0f;
       }
     }
@@ -260,8 +290,7 @@ __global__ void sparse_attention_combine_kernel(const float* __restrict__ part, 
 }
 
 template <int DPL>
-void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const float* kv, int64_t n_kv,
-                             const float* kv_more, int64_t n_more, const int32_t* idx, int64_t len, const uint8_t* sink, WType sink_t, float scale,
+void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const AttnKeys& keys, const int32_t* idx, int64_t len, const uint8_t* sink, WType sink_t, float scale,
                              float* out, CudaBackend& be) {
   // Decode has one query row per launch: fewer heads per CTA and the list split over CTAs (partials
   // merged by a second kernel) so that ~two waves of the 132 SMs share the work. The batch-invariant
@@ -286,8 +315,8 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
     part = be.alloc(TType::kF32, {rows_per_launch * heads * used, dh + 2});
     bmax = be.alloc(TType::kF32, {rows_per_launch * heads, blocks});
   }
-  const bool vec4 = dh % 4 == 0 && reinterpret_cast<uintptr_t>(kv) % 16 == 0 &&  // 16-byte kv row loads
-                    reinterpret_cast<uintptr_t>(kv_more) % 16 == 0;
+  const bool vec4 = dh % 4 == 0 && reinterpret_cast<uintptr_t>(keys.kv) % 16 == 0 &&  // 16-byte kv row loads
+                    reinterpret_cast<uintptr_t>(keys.more) % 16 == 0;
   const size_t smem = (static_cast<size_t>(kAttnBlock) * dh + static_cast<size_t>(nwarps) * kHeadsPerWarp * kAttnBlock) *
                       sizeof(float);
   static const bool attr_set = [] {
@@ -306,15 +335,15 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
     float* outr = out + r0 * heads * dh;
     const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(groups), static_cast<unsigned>(used));
     if (merge) {  // pass 1: block maxima (QK only); pass 2: the splits, each from the CPU's running max
-      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, kv, n_kv, kv_more, n_more, ir, len, sink, sink_t, scale, heads, dh,
+      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, keys, ir, len, sink, sink_t, scale, heads, dh,
                                                                 vec4, split_len, kAttnMaxPass, bmax.f32(), nullptr,
                                                                 outr);
       DI_CUDA_LAUNCH_CHECK();
-      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, kv, n_kv, kv_more, n_more, ir, len, sink, sink_t, scale, heads, dh,
+      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, keys, ir, len, sink, sink_t, scale, heads, dh,
                                                                 vec4, split_len, kAttnAfterMaxPass, bmax.f32(),
                                                                 part.f32(), outr);
     } else {
-      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, kv, n_kv, kv_more, n_more, ir, len, sink, sink_t, scale, heads, dh,
+      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, keys, ir, len, sink, sink_t, scale, heads, dh,
                                                                 vec4, std::max<int64_t>(len, 1), kAttnOnePass, nullptr,
                                                                 nullptr, outr);
     }
@@ -324,6 +353,20 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
                                                                                     sink_t, outr);
       DI_CUDA_LAUNCH_CHECK();
     }
+  }
+}
+
+// ---- paged row ids -> pool rows ----------------------------------------------------------------------
+
+__global__ void map_paged_rows_kernel(int32_t* __restrict__ idx, int64_t total, int64_t len,
+                                      const int64_t* __restrict__ table_start, const int32_t* __restrict__ table,
+                                      int64_t rows_per_page, int64_t base) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t v = idx[e];
+    if (v < 0) continue;
+    const int64_t page = table[table_start[e / len] + v / rows_per_page];
+    idx[e] = static_cast<int32_t>(base + page * rows_per_page + v % rows_per_page);
   }
 }
 
@@ -438,12 +481,15 @@ unsigned elem_blocks(int64_t total) {
 }  // namespace
 
 Tensor CudaBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx, const Weight& sink,
-                                     float softmax_scale, const Tensor& kv_more) {
+                                     float softmax_scale, const Tensor& kv_more, RowFormat more_format) {
   const int64_t s = q.rows(), d = kv.row_size(), len = idx.row_size();
   DI_CHECK(q.type == TType::kF32 && kv.type == TType::kF32 && idx.type == TType::kI32);
-  DI_CHECK(kv_more.empty() || (kv_more.type == TType::kF32 && kv_more.row_size() == d));
-  const float* more = kv_more.empty() ? nullptr : kv_more.f32();
-  const int64_t n_more = kv_more.empty() ? 0 : kv_more.rows();
+  const bool packed = !kv_more.empty() && kv_more.type == TType::kU8;
+  DI_CHECK(kv_more.empty() || (packed ? kv_more.row_size() == packed_row_bytes(more_format, d)
+                                      : kv_more.type == TType::kF32 && kv_more.row_size() == d));
+  const AttnKeys keys{kv.f32(),  kv.rows(), packed || kv_more.empty() ? nullptr : kv_more.f32(),
+                      packed ? kv_more.u8() : nullptr, kv_more.empty() ? 0 : kv_more.rows(),
+                      packed ? kv_more.row_size() : 0, more_format};
   DI_CHECK(heads > 0 && q.row_size() == heads * d && idx.rows() == s);
   DI_CHECK(sink.rows * sink.cols >= heads);
   const WType sink_t = cuda::attn::weight_type(sink, "sparse_attention", "sink");
@@ -454,12 +500,27 @@ Tensor CudaBackend::sparse_attention(const Tensor& q, int heads, const Tensor& k
   const int dh = static_cast<int>(d);
   const uint8_t* sk = cuda::wdata(sink);
   const int need = (dh + 31) / 32;
-  if (need <= 1) launch_sparse_attention<1>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), more, n_more, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
-  else if (need <= 2) launch_sparse_attention<2>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), more, n_more, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
-  else if (need <= 4) launch_sparse_attention<4>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), more, n_more, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
-  else if (need <= 8) launch_sparse_attention<8>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), more, n_more, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
-  else launch_sparse_attention<16>(s, heads, dh, q.f32(), kv.f32(), kv.rows(), more, n_more, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  if (need <= 1) launch_sparse_attention<1>(s, heads, dh, q.f32(), keys, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  else if (need <= 2) launch_sparse_attention<2>(s, heads, dh, q.f32(), keys, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  else if (need <= 4) launch_sparse_attention<4>(s, heads, dh, q.f32(), keys, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  else if (need <= 8) launch_sparse_attention<8>(s, heads, dh, q.f32(), keys, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+  else launch_sparse_attention<16>(s, heads, dh, q.f32(), keys, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
   return out;
+}
+
+void CudaBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start, const std::vector<int32_t>& table,
+                                 int64_t rows_per_page, int64_t base) {
+  const int64_t s = idx.rows(), len = idx.row_size();
+  DI_CHECK(idx.type == TType::kI32 && static_cast<int64_t>(table_start.size()) == s && rows_per_page > 0);
+  // the largest id a row may hold maps below 2^31 (ids < its table's pages x rows_per_page)
+  int64_t max_page = 0;
+  for (int32_t p : table) max_page = std::max<int64_t>(max_page, p);
+  DI_CHECK_MSG(base + (max_page + 1) * rows_per_page <= (int64_t{1} << 31), "map_paged_rows: pool rows past 2^31");
+  if (s * len == 0 || table.empty()) return;
+  Scratch starts = cuda::attn::upload(table_start), pages = cuda::attn::upload(table);
+  map_paged_rows_kernel<<<elem_blocks(s * len), kElemThreads>>>(idx.i32(), s * len, len, starts.as<int64_t>(),
+                                                                pages.as<int32_t>(), rows_per_page, base);
+  DI_CUDA_LAUNCH_CHECK();
 }
 
 Tensor CudaBackend::softmax_pool(const Tensor& kv, const Tensor& score, int ratio) {
