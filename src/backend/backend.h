@@ -86,6 +86,12 @@ class Backend {
   // Packs rows of x (already quantize-dequantized) into cache rows at `slots`; reads them back.
   virtual void pack_rows(const Tensor& x, RowFormat format, Tensor& cache, const std::vector<int64_t>& slots) = 0;
   virtual Tensor unpack_rows(const Tensor& cache, RowFormat format, int64_t dim, const std::vector<int64_t>& slots) = 0;
+  // The same over many caches in one call (a batch's window rings): row i of x is packed into
+  // caches[cache_of_row[i]] at slots[i] (cache_of_row[i] = -1: not written); every row of every
+  // cache (equal shapes) unpacked into dst rows d0.., caches in order.
+  virtual void pack_rows_to(const Tensor& x, RowFormat format, const std::vector<Tensor>& caches,
+                            const std::vector<int32_t>& cache_of_row, const std::vector<int64_t>& slots) = 0;
+  virtual void unpack_caches(const std::vector<Tensor>& caches, RowFormat format, Tensor& dst, int64_t d0) = 0;
 
   // --- hyper-connections (mHC) ------------------------------------------------------------------
   // X [S, hc, D] -> mixes [S, (2+hc)*hc] f32: pre (hc), post (hc), Sinkhorn comb (hc x hc, row = input).

@@ -223,6 +223,20 @@ Tensor ProfilingBackend::unpack_rows(const Tensor& cache, RowFormat format, int6
   return track(timed("unpack_rows", bytes, 0, false, [&] { return inner_.unpack_rows(cache, format, dim, slots); }));
 }
 
+void ProfilingBackend::pack_rows_to(const Tensor& x, RowFormat format, const std::vector<Tensor>& caches,
+                                    const std::vector<int32_t>& cache_of_row, const std::vector<int64_t>& slots) {
+  int64_t written = 0;
+  for (int32_t c : cache_of_row) written += c >= 0;
+  const double bytes = static_cast<double>(written) * (4.0 * x.row_size() + packed_row_bytes(format, x.row_size()));
+  timed("pack_rows", bytes, 0, false, [&] { inner_.pack_rows_to(x, format, caches, cache_of_row, slots); });
+}
+
+void ProfilingBackend::unpack_caches(const std::vector<Tensor>& caches, RowFormat format, Tensor& dst, int64_t d0) {
+  double bytes = 0;
+  for (const Tensor& c : caches) bytes += static_cast<double>(tensor_bytes(c)) + 4.0 * c.rows() * dst.row_size();
+  timed("unpack_rows", bytes, 0, false, [&] { inner_.unpack_caches(caches, format, dst, d0); });
+}
+
 // --- mHC ------------------------------------------------------------------------------------------
 
 Tensor ProfilingBackend::hc_mixes(const Tensor& x, int hc, const Weight& fn, const Weight& scale, const Weight& base,

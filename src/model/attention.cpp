@@ -44,14 +44,6 @@ std::vector<int32_t> window_lists(int64_t start, int64_t floor, int64_t key_firs
   return idx;
 }
 
-// Writes the last min(n, W) rows of `kv` (positions start..) into the ring.
-void write_window(Backend& be, const Tensor& kv, int64_t start, int64_t w, Tensor& ring) {
-  int64_t n = kv.rows(), first = std::max<int64_t>(0, n - w);
-  std::vector<int64_t> slots;
-  for (int64_t i = first; i < n; ++i) slots.push_back((start + i) % w);
-  be.pack_rows(row_view(kv, first, n - first), RowFormat::kFp8Ue8m0, ring, slots);
-}
-
 std::vector<int64_t> iota_slots(int64_t begin, int64_t n) {
   std::vector<int64_t> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = begin + i;
@@ -66,6 +58,21 @@ Tensor concat_rows(Backend& be, const Tensor& a, const Tensor& b) {
 }
 
 }  // namespace
+
+// Writes every part's last min(n, W) current rows of kv [rows, Dh] (positions cur.first..) into its
+// ring (rings[part]), one launch for the batch.
+void Model::write_windows(Backend& be, const Tensor& kv, const Batch& batch, const std::vector<Tensor>& rings, int64_t w) {
+  std::vector<int32_t> ring_of(static_cast<size_t>(batch.rows), -1);
+  std::vector<int64_t> slots(static_cast<size_t>(batch.rows), 0);
+  for (size_t pi = 0; pi < batch.parts.size(); ++pi) {
+    const RowSpan& c = batch.parts[pi].cur;
+    for (int64_t i = std::max<int64_t>(0, c.rows - w); i < c.rows; ++i) {
+      ring_of[static_cast<size_t>(c.row0 + i)] = static_cast<int32_t>(pi);
+      slots[static_cast<size_t>(c.row0 + i)] = (c.first + i) % w;
+    }
+  }
+  be.pack_rows_to(kv, RowFormat::kFp8Ue8m0, rings, ring_of, slots);
+}
 
 Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
   const LayerSchedule& ls = cfg_.layers[layer];
@@ -106,19 +113,18 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
   // their first chunk ; every current row], then (kv_more) the KV source's compressed rows in the
   // page pool, packed, where the top-k lists point (each part's row ids mapped through its pages).
   const WindowLists& wl = window_lists_of(batch);
+  std::vector<Tensor> rings;  // every part's ring of this layer
+  for (const BatchPart& p : batch.parts) rings.push_back(p.state->layers[layer].window);
   Tensor keys = r.kv;  // [ring rows + rows, Dh]
-  if (batch.ring_rows > 0) {
+  if (batch.ring_rows > 0) {  // the rings are read (one launch) before this step writes them
     keys = be.alloc(TType::kF32, {batch.ring_rows + batch.rows, dh});
-    for (size_t pi = 0; pi < batch.parts.size(); ++pi)  // each ring is read before this chunk writes it
-      if (batch.ring_base[pi] >= 0)
-        be.copy_rows(keys, batch.ring_base[pi],
-                     be.unpack_rows(batch.parts[pi].state->layers[layer].window, RowFormat::kFp8Ue8m0, dh,
-                                    iota_slots(0, win)),
-                     0, win);
+    std::vector<Tensor> read;  // in ring_base order
+    for (size_t pi = 0; pi < batch.parts.size(); ++pi)
+      if (batch.ring_base[pi] >= 0) read.push_back(rings[pi]);
+    be.unpack_caches(read, RowFormat::kFp8Ue8m0, keys, 0);
     be.copy_rows(keys, batch.ring_rows, r.kv, 0, batch.rows);
   }
-  for (const BatchPart& p : batch.parts)
-    write_window(be, row_view(r.kv, p.cur.row0, p.cur.rows), p.cur.first, win, p.state->layers[layer].window);
+  write_windows(be, r.kv, batch, rings, win);
 
   Tensor kv_more;
   std::vector<Tensor> lists(batch.parts.size());  // per part: [q rows, k] compressed row ids

@@ -135,6 +135,8 @@ class Model {
   Tensor block(int layer, const Tensor& h, Tensor& pre_mix, Batch& batch, const ForwardHooks* hooks);
   Tensor attention(int layer, const Tensor& x, Batch& batch);
   Tensor dspark_attention(int layer, const Tensor& x, const std::vector<int64_t>& positions, SequenceState& state);
+  static void write_windows(Backend& be, const Tensor& kv, const Batch& batch, const std::vector<Tensor>& rings,
+                            int64_t window);
   // Full layers: the compressor over one sequence's rows (pending tail, completed groups -> packed
   // compressed KV and index keys).
   void compress(int layer, const AttnRows& a, int part, Batch& batch);

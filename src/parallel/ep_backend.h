@@ -59,6 +59,13 @@ class EpBackend final : public Backend {
   Tensor unpack_rows(const Tensor& cache, RowFormat f, int64_t dim, const std::vector<int64_t>& slots) override {
     return inner_.unpack_rows(cache, f, dim, slots);
   }
+  void pack_rows_to(const Tensor& x, RowFormat f, const std::vector<Tensor>& caches, const std::vector<int32_t>& cache_of_row,
+                    const std::vector<int64_t>& slots) override {
+    inner_.pack_rows_to(x, f, caches, cache_of_row, slots);
+  }
+  void unpack_caches(const std::vector<Tensor>& caches, RowFormat f, Tensor& dst, int64_t d0) override {
+    inner_.unpack_caches(caches, f, dst, d0);
+  }
   Tensor hc_mixes(const Tensor& x, int hc, const Weight& fn, const Weight& scale, const Weight& base, float norm_eps,
                   int iters, float hc_eps) override {
     return inner_.hc_mixes(x, hc, fn, scale, base, norm_eps, iters, hc_eps);

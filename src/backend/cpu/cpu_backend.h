@@ -33,6 +33,9 @@ class CpuBackend final : public Backend {
   void qdq(Tensor& x, RowFormat format) override;
   void pack_rows(const Tensor& x, RowFormat format, Tensor& cache, const std::vector<int64_t>& slots) override;
   Tensor unpack_rows(const Tensor& cache, RowFormat format, int64_t dim, const std::vector<int64_t>& slots) override;
+  void pack_rows_to(const Tensor& x, RowFormat format, const std::vector<Tensor>& caches,
+                    const std::vector<int32_t>& cache_of_row, const std::vector<int64_t>& slots) override;
+  void unpack_caches(const std::vector<Tensor>& caches, RowFormat format, Tensor& dst, int64_t d0) override;
 
   Tensor hc_mixes(const Tensor& x, int hc, const Weight& fn, const Weight& scale, const Weight& base, float norm_eps,
                   int sinkhorn_iters, float hc_eps) override;

@@ -74,18 +74,46 @@ void CpuBackend::qdq(Tensor& x, RowFormat format) {
   });
 }
 
+namespace {
+
+void pack_row(const float* p, RowFormat format, int64_t n, uint8_t* row) {
+  switch (format) {
+    case RowFormat::kFp8Ue8m0: quant::fp8_ue8m0_quant(p, static_cast<int>(n), 32, row, row + n); break;
+    case RowFormat::kFp4E4m3: quant::fp4_e4m3_quant(p, static_cast<int>(n), row, row + n / 2); break;
+    case RowFormat::kFp4Ue8m0: quant::fp4_ue8m0_quant(p, static_cast<int>(n), row, row + n / 2); break;
+  }
+}
+
+}  // namespace
+
 void CpuBackend::pack_rows(const Tensor& x, RowFormat format, Tensor& cache, const std::vector<int64_t>& slots) {
   int64_t n = x.row_size(), rb = packed_row_bytes(format, n);
   DI_CHECK(cache.type == TType::kU8 && cache.row_size() == rb && static_cast<int64_t>(slots.size()) == x.rows());
   for (size_t r = 0; r < slots.size(); ++r) {
     DI_CHECK(slots[r] >= 0 && slots[r] < cache.rows());
-    const float* p = x.f32() + r * n;
-    uint8_t* row = cache.u8() + slots[r] * rb;
-    switch (format) {
-      case RowFormat::kFp8Ue8m0: quant::fp8_ue8m0_quant(p, static_cast<int>(n), 32, row, row + n); break;
-      case RowFormat::kFp4E4m3: quant::fp4_e4m3_quant(p, static_cast<int>(n), row, row + n / 2); break;
-      case RowFormat::kFp4Ue8m0: quant::fp4_ue8m0_quant(p, static_cast<int>(n), row, row + n / 2); break;
-    }
+    pack_row(x.f32() + r * n, format, n, cache.u8() + slots[r] * rb);
+  }
+}
+
+void CpuBackend::pack_rows_to(const Tensor& x, RowFormat format, const std::vector<Tensor>& caches,
+                              const std::vector<int32_t>& cache_of_row, const std::vector<int64_t>& slots) {
+  const int64_t n = x.row_size(), rb = packed_row_bytes(format, n);
+  DI_CHECK(static_cast<int64_t>(cache_of_row.size()) == x.rows() && slots.size() == cache_of_row.size());
+  for (size_t r = 0; r < slots.size(); ++r) {
+    if (cache_of_row[r] < 0) continue;
+    const Tensor& cache = caches.at(static_cast<size_t>(cache_of_row[r]));
+    DI_CHECK(cache.type == TType::kU8 && cache.row_size() == rb && slots[r] >= 0 && slots[r] < cache.rows());
+    pack_row(x.f32() + r * n, format, n, cache.u8() + slots[r] * rb);
+  }
+}
+
+void CpuBackend::unpack_caches(const std::vector<Tensor>& caches, RowFormat format, Tensor& dst, int64_t d0) {
+  const int64_t dim = dst.row_size(), rb = packed_row_bytes(format, dim);
+  DI_CHECK(dst.type == TType::kF32);
+  int64_t r = d0;
+  for (const Tensor& c : caches) {
+    DI_CHECK(c.type == TType::kU8 && c.row_size() == rb && r + c.rows() <= dst.rows());
+    for (int64_t i = 0; i < c.rows(); ++i, ++r) cpu::unpack_row(c.u8() + i * rb, format, dim, dst.f32() + r * dim);
   }
 }
 

@@ -138,13 +138,13 @@ __global__ void qdq_fp4_e4m3_block_kernel(float* __restrict__ x, int64_t nblocks
   for (int i = 0; i < 16; ++i) p[i] = cuda::dq::fp4_qdq_value(p[i], s);
 }
 
-// [S rows] one warp per row (n % 32 == 0): 4 B read per value, packed_row_bytes written per row.
-__global__ void pack_warp_kernel(const float* __restrict__ x, int64_t S, int n, RowFormat f, uint8_t* __restrict__ cache,
-                                 int64_t row_bytes, const int64_t* __restrict__ slots) {
+// [S rows] one warp per row (n % 32 == 0): 4 B read per value, packed_row_bytes written per row to
+// rows[r] (the cache row of any cache; nullptr: row r is not written).
+__global__ void pack_warp_kernel(const float* __restrict__ x, int64_t S, int n, RowFormat f, uint8_t* const* __restrict__ rows) {
   const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (r >= S) return;
+  if (r >= S || rows[r] == nullptr) return;
   const float* p = x + r * n;
-  uint8_t* row = cache + slots[r] * row_bytes;
+  uint8_t* row = rows[r];
   switch (f) {
     case RowFormat::kFp8Ue8m0: cuda::dq::warp_fp8_ue8m0_quant_row(p, n, row, row + n); break;
     case RowFormat::kFp4E4m3: cuda::dq::warp_fp4_e4m3_quant_row(p, n, row, row + n / 2); break;
@@ -153,22 +153,20 @@ __global__ void pack_warp_kernel(const float* __restrict__ x, int64_t S, int n, 
 }
 
 // kFp4E4m3 rows with n % 32 == 16: one thread per row.
-__global__ void pack_fp4_e4m3_serial_kernel(const float* __restrict__ x, int64_t S, int n, uint8_t* __restrict__ cache,
-                                            int64_t row_bytes, const int64_t* __restrict__ slots) {
+__global__ void pack_fp4_e4m3_serial_kernel(const float* __restrict__ x, int64_t S, int n, uint8_t* const* __restrict__ rows) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= S) return;
-  uint8_t* row = cache + slots[r] * row_bytes;
+  if (r >= S || rows[r] == nullptr) return;
+  uint8_t* row = rows[r];
   cuda::dq::serial_fp4_e4m3_quant(x + r * n, n, row, row + n / 2);
 }
 
 // [S, dim] one thread per value: reads ~1 B (FP8) or ~0.6 B (FP4) and writes 4 B.
-__global__ void unpack_kernel(const uint8_t* __restrict__ cache, RowFormat f, int64_t S, int n, int64_t row_bytes,
-                              const int64_t* __restrict__ slots, float* __restrict__ y) {
+__global__ void unpack_kernel(const uint8_t* const* __restrict__ rows, RowFormat f, int64_t S, int n, float* __restrict__ y) {
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < S * n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = e / n;
     const int i = static_cast<int>(e % n);
-    const uint8_t* row = cache + slots[r] * row_bytes;
+    const uint8_t* row = rows[r];
     switch (f) {
       case RowFormat::kFp8Ue8m0: y[e] = cuda::dq::fp8_ue8m0_dequant_at(row, row + n, i); break;
       case RowFormat::kFp4E4m3: y[e] = cuda::dq::fp4_e4m3_dequant_at(row, row + n / 2, i); break;
@@ -281,36 +279,86 @@ void CudaBackend::qdq(Tensor& x, RowFormat format) {
   DI_CUDA_LAUNCH_CHECK();
 }
 
-void CudaBackend::pack_rows(const Tensor& x, RowFormat format, Tensor& cache, const std::vector<int64_t>& slots) {
-  const int64_t n = x.row_size(), rb = packed_row_bytes(format, n);
-  DI_CHECK(x.type == TType::kF32 && cache.type == TType::kU8 && cache.row_size() == rb &&
-           static_cast<int64_t>(slots.size()) == x.rows());
+namespace {
+
+// Packs x's rows to per-row cache rows (nullptr: skipped): one launch.
+void pack_to_rows(const Tensor& x, RowFormat format, const std::vector<uint8_t*>& rows) {
+  const int64_t n = x.row_size(), s = x.rows();
+  DI_CHECK(x.type == TType::kF32 && static_cast<int64_t>(rows.size()) == s);
   DI_CHECK(n % row_block(format) == 0 && n < (1LL << 31));
-  for (int64_t slot : slots) DI_CHECK(slot >= 0 && slot < cache.rows());
-  const int64_t s = x.rows();
   if (s == 0 || n == 0) return;
-  Scratch dslots = upload(slots);
+  Scratch drows = upload(rows);
   if (n % 32 == 0)
     pack_warp_kernel<<<static_cast<int>(blocks_for(s * 32, kThreads)), kThreads>>>(x.f32(), s, static_cast<int>(n), format,
-                                                                                   cache.u8(), rb, dslots.as<int64_t>());
+                                                                                   drows.as<uint8_t*>());
   else  // kFp4E4m3, n % 32 == 16
     pack_fp4_e4m3_serial_kernel<<<static_cast<int>(blocks_for(s, kThreads)), kThreads>>>(x.f32(), s, static_cast<int>(n),
-                                                                                         cache.u8(), rb, dslots.as<int64_t>());
+                                                                                         drows.as<uint8_t*>());
   DI_CUDA_LAUNCH_CHECK();
+}
+
+// Unpacks the cache rows at `rows` into y [rows, dim]: one launch.
+void unpack_from_rows(const std::vector<const uint8_t*>& rows, RowFormat format, int64_t dim, float* y) {
+  const int64_t s = static_cast<int64_t>(rows.size());
+  DI_CHECK(dim % row_block(format) == 0 && dim < (1LL << 31));
+  if (s * dim == 0) return;
+  Scratch drows = upload(rows);
+  unpack_kernel<<<grid_for(s * dim), kThreads>>>(drows.as<const uint8_t*>(), format, s, static_cast<int>(dim), y);
+  DI_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void CudaBackend::pack_rows(const Tensor& x, RowFormat format, Tensor& cache, const std::vector<int64_t>& slots) {
+  const int64_t rb = packed_row_bytes(format, x.row_size());
+  DI_CHECK(cache.type == TType::kU8 && cache.row_size() == rb && static_cast<int64_t>(slots.size()) == x.rows());
+  std::vector<uint8_t*> rows;
+  rows.reserve(slots.size());
+  for (int64_t slot : slots) {
+    DI_CHECK(slot >= 0 && slot < cache.rows());
+    rows.push_back(cache.u8() + slot * rb);
+  }
+  pack_to_rows(x, format, rows);
+}
+
+void CudaBackend::pack_rows_to(const Tensor& x, RowFormat format, const std::vector<Tensor>& caches,
+                               const std::vector<int32_t>& cache_of_row, const std::vector<int64_t>& slots) {
+  const int64_t rb = packed_row_bytes(format, x.row_size());
+  DI_CHECK(static_cast<int64_t>(cache_of_row.size()) == x.rows() && slots.size() == cache_of_row.size());
+  std::vector<uint8_t*> rows(slots.size(), nullptr);
+  for (size_t r = 0; r < slots.size(); ++r) {
+    if (cache_of_row[r] < 0) continue;
+    const Tensor& cache = caches.at(static_cast<size_t>(cache_of_row[r]));
+    DI_CHECK(cache.type == TType::kU8 && cache.row_size() == rb && slots[r] >= 0 && slots[r] < cache.rows());
+    rows[r] = cache.u8() + slots[r] * rb;
+  }
+  pack_to_rows(x, format, rows);
 }
 
 Tensor CudaBackend::unpack_rows(const Tensor& cache, RowFormat format, int64_t dim, const std::vector<int64_t>& slots) {
   const int64_t rb = packed_row_bytes(format, dim);
-  DI_CHECK(cache.type == TType::kU8 && cache.row_size() == rb && dim % row_block(format) == 0 && dim < (1LL << 31));
-  for (int64_t slot : slots) DI_CHECK(slot >= 0 && slot < cache.rows());
-  const int64_t s = static_cast<int64_t>(slots.size());
-  Tensor out = alloc(TType::kF32, {s, dim});
-  if (s * dim == 0) return out;
-  Scratch dslots = upload(slots);
-  unpack_kernel<<<grid_for(s * dim), kThreads>>>(cache.u8(), format, s, static_cast<int>(dim), rb, dslots.as<int64_t>(),
-                                                 out.f32());
-  DI_CUDA_LAUNCH_CHECK();
+  DI_CHECK(cache.type == TType::kU8 && cache.row_size() == rb);
+  std::vector<const uint8_t*> rows;
+  rows.reserve(slots.size());
+  for (int64_t slot : slots) {
+    DI_CHECK(slot >= 0 && slot < cache.rows());
+    rows.push_back(cache.u8() + slot * rb);
+  }
+  Tensor out = alloc(TType::kF32, {static_cast<int64_t>(slots.size()), dim});
+  unpack_from_rows(rows, format, dim, out.f32());
   return out;
+}
+
+void CudaBackend::unpack_caches(const std::vector<Tensor>& caches, RowFormat format, Tensor& dst, int64_t d0) {
+  const int64_t dim = dst.row_size(), rb = packed_row_bytes(format, dim);
+  DI_CHECK(dst.type == TType::kF32);
+  std::vector<const uint8_t*> rows;
+  for (const Tensor& c : caches) {
+    DI_CHECK(c.type == TType::kU8 && c.row_size() == rb);
+    for (int64_t i = 0; i < c.rows(); ++i) rows.push_back(c.u8() + i * rb);
+  }
+  DI_CHECK(d0 >= 0 && d0 + static_cast<int64_t>(rows.size()) <= dst.rows());
+  unpack_from_rows(rows, format, dim, dst.f32() + d0 * dim);
 }
 
 }  // namespace di
