@@ -129,11 +129,37 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
       ids[j] = (id >= 0 && id < keys.n_kv + keys.n_more) ? id : -1;  // out-of-range ids are skipped like -1
     }
     __syncthreads();
+    const bool fp4_blocks = keys.packed != nullptr && keys.fmt == RowFormat::kFp4E4m3 && dh % 16 == 0;
+    if (fp4_blocks) {  // packed FP4 rows 16 values (8 code bytes + 1 scale) at a time
+      const int nb = dh / 16;
+      const bool wide = keys.packed_row_bytes % 8 == 0 && reinterpret_cast<uintptr_t>(keys.packed) % 8 == 0;
+      for (int e = threadIdx.x; e < kAttnBlock * nb; e += blockDim.x) {
+        const int j = e / nb, b = e % nb, id = ids[j];
+        if (id < keys.n_kv) continue;  // f32 rows and -1 below
+        const uint8_t* pr = keys.packed + (id - keys.n_kv) * keys.packed_row_bytes;
+        uint32_t w[2];
+        if (wide) {
+          const uint2 v = __ldg(reinterpret_cast<const uint2*>(pr + b * 8));
+          w[0] = v.x, w[1] = v.y;
+        } else {
+          w[0] = w[1] = 0;
+          for (int t = 0; t < 8; ++t) w[t / 4] |= static_cast<uint32_t>(pr[b * 8 + t]) << (8 * (t % 4));
+        }
+        const float s = cuda::e4m3_to_float(pr[dh / 2 + b]);
+        float* out = tile + j * dh + b * 16;
+#pragma unroll
+        for (int t = 0; t < 16; ++t) {  // fp4_e4m3_dequant_at's value for element b * 16 + t
+          const uint32_t byte = (w[t / 8] >> (8 * ((t / 2) % 4))) & 0xFFu;
+          out[t] = cuda::dq::round_bf16(__fmul_rn(cuda::dq::e2m1_to_float_fast(t & 1 ? byte >> 4 : byte & 0x0Fu), s));
+        }
+      }
+    }
     if (vec4) {
       const int row4 = dh / 4;
       for (int e = threadIdx.x; e < kAttnBlock * row4; e += blockDim.x) {
         const int j = e / row4, d4 = e % row4, id = ids[j];
         if (id >= keys.n_kv && keys.packed != nullptr) {
+          if (fp4_blocks) continue;  // staged above
           const uint8_t* pr = keys.packed + (id - keys.n_kv) * keys.packed_row_bytes;
           smem4[e] = make_float4(packed_at(pr, keys.fmt, dh, 4 * d4), packed_at(pr, keys.fmt, dh, 4 * d4 + 1),
                                  packed_at(pr, keys.fmt, dh, 4 * d4 + 2), packed_at(pr, keys.fmt, dh, 4 * d4 + 3));
@@ -146,7 +172,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
       for (int e = threadIdx.x; e < kAttnBlock * dh; e += blockDim.x) {
         const int j = e / dh, d = e % dh, id = ids[j];
         if (id >= keys.n_kv && keys.packed != nullptr) {
-          tile[e] = packed_at(keys.packed + (id - keys.n_kv) * keys.packed_row_bytes, keys.fmt, dh, d);
+          if (!fp4_blocks) tile[e] = packed_at(keys.packed + (id - keys.n_kv) * keys.packed_row_bytes, keys.fmt, dh, d);
           continue;
         }
         const float* row = id < keys.n_kv ? keys.kv + static_cast<int64_t>(id) * dh : keys.more + (id - keys.n_kv) * dh;
