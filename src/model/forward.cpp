@@ -157,7 +157,8 @@ std::vector<ForwardResult> Model::forward_batch(std::vector<BatchEntry>& entries
     x = sel;
   }
   x = backend_.rmsnorm(x, w_.norm, static_cast<float>(cfg_.norm_eps));
-  std::vector<float> logits = backend_.to_host_f32(backend_.linear(x, w_.head));
+  std::vector<float>& logits = host_logits_;  // reused across forwards (no page faults)
+  backend_.to_host_f32(backend_.linear(x, w_.head), logits);
 
   std::vector<ForwardResult> results(batch.parts.size());
   const int64_t vocab = cfg_.vocab_size;

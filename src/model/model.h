@@ -164,6 +164,7 @@ class Model {
   ModelWeights w_;
   std::shared_ptr<GlobalKvPool> kv_pool_;
   std::vector<RopeTable> rope_;        // per layer
+  std::vector<float> host_logits_;     // the last forward's logits on the host [head rows, vocab]
   EngramLayout engram_;
   std::vector<int32_t> engram_token_map_;
   int32_t engram_pad_ = 0;

@@ -51,6 +51,11 @@ std::vector<float> CpuBackend::to_host_f32(const Tensor& t) {
   return std::vector<float>(t.f32(), t.f32() + t.numel());
 }
 
+void CpuBackend::to_host_f32(const Tensor& t, std::vector<float>& out) {
+  DI_CHECK(t.type == TType::kF32);
+  out.assign(t.f32(), t.f32() + t.numel());
+}
+
 std::vector<int32_t> CpuBackend::to_host_i32(const Tensor& t) {
   DI_CHECK(t.type == TType::kI32);
   return std::vector<int32_t>(t.i32(), t.i32() + t.numel());

@@ -110,6 +110,12 @@ std::vector<float> CudaBackend::to_host_f32(const Tensor& t) {
   return v;
 }
 
+void CudaBackend::to_host_f32(const Tensor& t, std::vector<float>& out) {
+  DI_CHECK(t.type == TType::kF32);
+  out.resize(static_cast<size_t>(t.numel()));
+  if (!out.empty()) copy_to_host(out.data(), t.data, out.size() * 4);
+}
+
 std::vector<int32_t> CudaBackend::to_host_i32(const Tensor& t) {
   DI_CHECK(t.type == TType::kI32);
   std::vector<int32_t> v(t.numel());
