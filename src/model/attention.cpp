@@ -19,10 +19,9 @@ namespace {
 // in the reference's layout lists min(end, W) (full_width: always W, so that the 64-index softmax
 // blocks of the top-k list after it do not move with the end of the first chunk). Keys are the chunk
 // rows at chunk_base.. and, past the first chunk, the ring's W rows at ring_base.. (slot = position %
-// W). Positions holding nothing
-// (after p, below `floor`, chunk rows not computed) are -1. One layout for every chunking: the -1
-// entries sit at the same list places whether the earlier positions come from the ring or the
-// chunk (a GPU block reduction sums by list place).
+// W). Positions holding nothing (after p, below `floor`, chunk rows not computed) are -1. One layout
+// for every chunking: the -1 entries sit at the same list places whether the earlier positions come
+// from the ring or the chunk (a GPU block reduction sums by list place).
 std::vector<int32_t> window_lists(int64_t start, int64_t floor, int64_t key_first, int64_t q_first, int64_t nq,
                                   int64_t w, bool full_width, int64_t ring_base, int64_t chunk_base,
                                   int64_t* list_len) {

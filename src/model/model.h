@@ -135,6 +135,7 @@ class Model {
   Tensor block(int layer, const Tensor& h, Tensor& pre_mix, Batch& batch, const ForwardHooks* hooks);
   Tensor attention(int layer, const Tensor& x, Batch& batch);
   Tensor dspark_attention(int layer, const Tensor& x, const std::vector<int64_t>& positions, SequenceState& state);
+  // Every part's last min(rows, window) current rows of kv into its window ring, one launch.
   static void write_windows(Backend& be, const Tensor& kv, const Batch& batch, const std::vector<Tensor>& rings,
                             int64_t window);
   // Full layers: the compressor over one sequence's rows (pending tail, completed groups -> packed
