@@ -3,10 +3,27 @@
 #include <exception>
 #include <string>
 
+#ifdef __GLIBC__  // defined by the C library headers above
+#include <malloc.h>
+#endif
+
 #include "cli/commands.h"
 #include "core/error.h"
 
 namespace {
+
+// Each decode step allocates and frees tens of MB of host buffers (per-request logits rows: 64 x 517 KB
+// at V4.1's vocabulary). With glibc's defaults the freed heap top is returned to the system and the
+// next step page-faults it back in (measured on the H200 bench: 180.5 -> 169.1 ms per batch-64 step,
+// 520 -> 472 ms at 256, with these settings). The CLI keeps that memory mapped; a library does not
+// set process-wide allocator options, so this lives here.
+void keep_step_buffers_mapped() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);    // chunks below 32 MB from the heap (no dynamic threshold)
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);     // return the heap top only past 1 GB free
+  mallopt(M_TOP_PAD, 256 << 20);          // grow it in large steps
+#endif
+}
 
 struct Command {
   const char* name;
@@ -34,6 +51,7 @@ void usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  keep_step_buffers_mapped();
   if (argc < 2) {
     usage(stderr);
     return 2;
