@@ -79,8 +79,9 @@ class CudaBackend final : public Backend {
  private:
   Tensor moe_experts_listed(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                             const ExpertWeights& shared, float swiglu_limit);
-  // Pinned host memory that large device-to-host copies go through (a pageable destination runs at
-  // ~2 GB/s: 18.6 ms for a 64-row logits tensor), grown on demand; one copy at a time.
+  // Pinned host memory that large device-to-host copies go through (the DMA engine writes pinned
+  // memory directly; a pageable destination is staged by the driver in pieces), grown on demand;
+  // one copy at a time.
   void* staging_ = nullptr;
   size_t staging_bytes_ = 0;
   std::mutex staging_mutex_;
