@@ -15,6 +15,9 @@ namespace di::device {
 bool available();  // this build has the CUDA backend and a device is present
 std::string name();  // "NVIDIA H200" (empty without a device)
 void synchronize();  // waits for all device work
+// Starts / stops the device profiler's capture range (cudaProfilerStart / Stop), for profiling one
+// region with `ncu --profile-from-start off`; a no-op without a device.
+void profiler_range(bool start);
 
 struct MemInfo {
   int64_t free = 0, total = 0;  // bytes, cudaMemGetInfo

@@ -10,6 +10,7 @@ namespace di::device {
 bool available() { return false; }
 std::string name() { return ""; }
 void synchronize() {}
+void profiler_range(bool) {}
 MemInfo mem_info() { throw Error("device memory: this build has no CUDA backend"); }
 int64_t prepare_synthetic(Weight&, const synthetic::FillSpec&, const synthetic::FillSpec*) {
   throw Error("synthetic device weights: this build has no CUDA backend");

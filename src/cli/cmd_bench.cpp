@@ -1,7 +1,7 @@
 // deepinfer bench (--model DIR | --synthetic v41-flash|v41-tiny [--layers N]) [--device cpu|cuda]
 //                 [--batch 1,8,64,256] [--context 4096,32768] [--prefill 8192] [--prefill-chunk 2048]
 //                 [--iters 3] [--prefill-iters 1] [--profile-batch 1] [--no-profile] [--no-ceilings]
-//                 [--time-budget SECONDS] [--seed S] [--batch-invariant] [--json]
+//                 [--time-budget SECONDS] [--seed S] [--batch-invariant] [--profiler-range] [--json]
 // Decode steps and prefill timed as a whole, per layer and per op, with bytes, FLOPs and roofline
 // efficiency against ceilings measured in the same run (runtime/bench_run.h). --synthetic builds a
 // random checkpoint with the released dimensions (model/synthetic_checkpoint.h), generated straight
@@ -9,7 +9,9 @@
 // (lines starting with '{'), then the tables. --time-budget skips the measurements that would start
 // after that many seconds (batch 1 and the prefill run first). The model runs with the engine's defaults
 // (reference decode quirks off: device-side top-k). --batch-invariant: the backend's batch-invariant
-// mode (EngineOptions::batch_invariant), to measure what it costs.
+// mode (EngineOptions::batch_invariant), to measure what it costs. --profiler-range: the last timed
+// decode step of each batch runs inside cudaProfilerStart / Stop, so that
+// `ncu --profile-from-start off` times that step's kernels alone.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -49,7 +51,7 @@ int cmd_bench(const Argv& argv) {
   Args args(argv,
             {"model", "synthetic", "layers", "device", "batch", "context", "prefill", "prefill-chunk", "iters",
              "prefill-iters", "profile-batch", "seed", "time-budget"},
-            {"json", "no-profile", "no-ceilings", "batch-invariant"});
+            {"json", "no-profile", "no-ceilings", "batch-invariant", "profiler-range"});
   const std::string device_name = args.get_or("device", "cpu");
   if (args.has("model") == args.has("synthetic")) throw Error("bench: give exactly one of --model DIR or --synthetic PRESET");
 
@@ -63,6 +65,7 @@ int cmd_bench(const Argv& argv) {
   if (args.has("profile-batch")) o.profile_batches = parse_int_list("profile-batch", args.get("profile-batch"));
   o.seed = static_cast<uint64_t>(args.get_int_or("seed", 1));
   o.time_budget_s = args.get_double_or("time-budget", 0);
+  o.profiler_range = args.flag("profiler-range");
   if (args.flag("no-profile")) {
     o.profile_batches.clear();
     o.profile_prefill = false;

@@ -52,13 +52,14 @@ void print_bench_tables(const std::vector<BenchRecord>& rs, std::FILE* out, int 
 
   const auto decode = of_kind(rs, "decode");
   if (!decode.empty()) {
-    std::fprintf(out, "\ndecode steps (one token per sequence; median of plain steps)\n");
-    std::fprintf(out, "  %8s %6s %11s %10s %10s %8s %9s %7s  %s\n", "context", "batch", "step ms", "tok/s", "MB/step",
-                 "TB/s", "TFLOP/s", "eff %", "mode");
+    std::fprintf(out, "\ndecode steps (one token per sequence; median of plain steps; issued: when the host had\n"
+                      "issued the last layer -- near the step time, the host is the bottleneck)\n");
+    std::fprintf(out, "  %8s %6s %11s %10s %10s %10s %8s %9s %7s  %s\n", "context", "batch", "step ms", "issued ms",
+                 "tok/s", "MB/step", "TB/s", "TFLOP/s", "eff %", "mode");
     for (const BenchRecord* r : decode)
-      std::fprintf(out, "  %8lld %6lld %11.3f %10.1f %10.1f %8.3f %9.3f %7.2f  %s\n",
+      std::fprintf(out, "  %8lld %6lld %11.3f %10.3f %10.1f %10.1f %8.3f %9.3f %7.2f  %s\n",
                    static_cast<long long>(num(*r, "context")), static_cast<long long>(num(*r, "batch")),
-                   num(*r, "step_ms"), num(*r, "tok_s"), num(*r, "bytes") / 1e6, num(*r, "tb_s"), num(*r, "tflop_s"),
+                   num(*r, "step_ms"), r->contains("enqueue_ms") ? num(*r, "enqueue_ms") : 0.0, num(*r, "tok_s"), num(*r, "bytes") / 1e6, num(*r, "tb_s"), num(*r, "tflop_s"),
                    100 * num(*r, "efficiency"), str(*r, "mode").c_str());
   }
   for (const BenchRecord* r : of_kind(rs, "prefill")) {

@@ -137,9 +137,15 @@ BenchRecord base_record(const char* kind, const char* phase, int64_t context, in
   return r;
 }
 
+struct StepTimes {
+  double step_s = 0;     // start to the device finishing (logits on the host)
+  double enqueue_s = 0;  // start to the host having issued the last layer (plain steps only)
+};
+
 // One decode step: one random token for every sequence, in one batched forward (as the engine's
-// decode step). The token ids are drawn before the clock starts.
-double decode_step(Ctx& c, std::vector<SequenceState>& states, SectionClock* clock) {
+// decode step). The token ids are drawn before the clock starts. A plain step (no clock) also
+// records when the host has issued every layer: near the step time, the host is the bottleneck.
+StepTimes decode_step(Ctx& c, std::vector<SequenceState>& states, SectionClock* clock) {
   const uint64_t vocab = static_cast<uint64_t>(c.model.config().vocab_size);
   std::vector<BatchEntry> entries(states.size());
   for (size_t i = 0; i < states.size(); ++i) {
@@ -147,12 +153,18 @@ double decode_step(Ctx& c, std::vector<SequenceState>& states, SectionClock* clo
     entries[i].ids = {static_cast<int32_t>(c.rng() % vocab)};
   }
   c.pb.synchronize();
+  StepTimes t;
   const auto t0 = Clock::now();
+  ForwardHooks issued;
+  issued.after_block = [&](int l, const Tensor&, const Tensor&) {
+    if (l == c.n_layers() - 1) t.enqueue_s = seconds_since(t0);
+  };
   if (clock) clock->begin();
-  c.model.forward_batch(entries, clock ? clock->hooks() : nullptr);
+  c.model.forward_batch(entries, clock ? clock->hooks() : &issued);
   if (clock) clock->end();
   c.pb.synchronize();
-  return seconds_since(t0);
+  t.step_s = seconds_since(t0);
+  return t;
 }
 
 // One prefill of `tokens` in chunks; the state stays in `state` (for the memory report).
@@ -275,9 +287,17 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
   const std::map<int, Cost> costs = section_costs(c.pb, c.ceil, &total);
 
   // 2. plain steps
-  std::vector<double> times;
-  for (int i = 0; i < std::max(1, o.decode_iters); ++i) times.push_back(decode_step(c, states, nullptr));
+  std::vector<double> times, enqueue;
+  const int iters = std::max(1, o.decode_iters);
+  for (int i = 0; i < iters; ++i) {
+    if (o.profiler_range && i == iters - 1) device::profiler_range(true);
+    const StepTimes t = decode_step(c, states, nullptr);
+    if (o.profiler_range && i == iters - 1) device::profiler_range(false);
+    times.push_back(t.step_s);
+    enqueue.push_back(t.enqueue_s);
+  }
   std::sort(times.begin(), times.end());
+  std::sort(enqueue.begin(), enqueue.end());
   const double med = times[times.size() / 2];
   BenchRecord d = base_record("decode", "decode", context, batch);
   d["mode"] = "batched";
@@ -285,6 +305,7 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
   d["step_ms"] = round_to(med * 1e3, 1e-4);
   d["step_ms_min"] = round_to(times.front() * 1e3, 1e-4);
   d["step_ms_max"] = round_to(times.back() * 1e3, 1e-4);
+  d["enqueue_ms"] = round_to(enqueue[enqueue.size() / 2] * 1e3, 1e-4);
   d["tok_s"] = round_to(batch / med, 1e-3);
   add_rates(d, med, total.bytes, total.flops, total.floor_s);
   c.sink(d);
@@ -292,12 +313,12 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
   // 3. per layer, per op
   if (std::find(o.profile_batches.begin(), o.profile_batches.end(), batch) != o.profile_batches.end()) {
     SectionClock clock(c.pb, c.n_layers(), true);
-    const double t_layers = decode_step(c, states, &clock);
+    const double t_layers = decode_step(c, states, &clock).step_s;
     const auto by_kind = emit_layers(c, "decode", context, batch, clock, costs);
     c.pb.clear_ops();
     c.pb.set_mode(ProfilingBackend::Mode::kTime);
     SectionClock attr(c.pb, c.n_layers(), false);
-    const double t_ops = decode_step(c, states, &attr);
+    const double t_ops = decode_step(c, states, &attr).step_s;
     c.pb.set_mode(ProfilingBackend::Mode::kOff);
     emit_ops(c, "decode", context, batch);
     BenchRecord p = base_record("profile", "decode", context, batch);

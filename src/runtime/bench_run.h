@@ -32,6 +32,8 @@ struct BenchOptions {
   bool profile_prefill = true;                         // prefill profiled per layer and per op
   uint64_t seed = 1;
   double time_budget_s = 0;                            // > 0: skip what would start after this long
+  bool profiler_range = false;                         // the last timed decode step of each batch inside
+                                                       // device::profiler_range (ncu --profile-from-start off)
 };
 
 struct BenchCeilings {

@@ -15,7 +15,7 @@
 //    64-token chunk, nt = 1: the default's plan for M <= 8) at every M. When those split CTAs would
 //    not fit in one wave (or their partials exceed kMaxSplitPartialBytes), each CTA sums the same K
 //    ranges itself, in split order from zero -- mma::sum_splits' additions, so the same bits.
-//    Unchanged and harmless: nt(M) and the activation quantizer (in the tile for nt <= 2, a prologue
+//    Unchanged and harmless: nt(M) and the activation quantizer (in the tile for M <= 2, a prologue
 //    above; both bit-exact), the fix-up CTA vs reduce_splits_kernel (both sum in split order). A
 //    token's K-block partial is its own column of the MMA, accumulated in K order for every nt
 //    (assumed: a tensor-core output element depends on its own row and column only; the test checks).
@@ -34,8 +34,8 @@
 //    (nwarps, from M) only decide which heads share a CTA -> harmless.
 //  - moe_experts, grouped path (moe_grouped.cu): K split from plan_split over mats x ceil(N/128) x
 //    min(E, M k) expert slots with nt(M) -> CHANGED: the plan of one row (min(E, k) slots, nt = 1),
-//    in-CTA splits as for linear when needed. An expert's entries run in 64-token tiles in a loop,
-//    each token summed alone (as linear); SwiGLU + quantization per entry; combine per token in
+//    in-CTA splits as for linear when needed. An expert's entries run in token tiles (8 nt wide) in a
+//    loop, each token summed alone (as linear); SwiGLU + quantization per entry; combine per token in
 //    expert-id order from zero, then + shared expert -> invariant. Shared expert: linear().
 //  - moe_experts, listed fallback (mixed expert formats): per-expert linear() (policy above), scatter-
 //    add per token in expert-id order -> invariant through linear.

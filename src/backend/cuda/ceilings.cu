@@ -6,6 +6,7 @@
 // the portable binaries keep no link dependency on it, and a machine without it still runs the
 // benchmark (the GEMM ceilings are then reported as missing, with the reason).
 #include <cublasLt.h>
+#include <cuda_profiler_api.h>
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -29,6 +30,8 @@ std::string name() {
 }
 
 void synchronize() { DI_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+void profiler_range(bool start) { DI_CUDA_CHECK(start ? cudaProfilerStart() : cudaProfilerStop()); }
 
 MemInfo mem_info() {
   size_t free = 0, total = 0;

@@ -139,7 +139,10 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const MoeRoute& route, const st
   float* xs = workspace_as<float>(Ws::kMoeXScales, static_cast<size_t>(s * d / 32));
   dense::quantize_activation(x.f32(), s, d, xc, xs);
   const int slots = static_cast<int>(std::min(n_exp, n));
-  const int nt = dense::nt_for(std::min<int64_t>(s, mma::kTokTile));
+  // Token tile from an expert's expected entries (uniform routing: n / E; x3 + 4 covers the usual
+  // spread), not from S: a wider tile than its entries costs registers and pipeline depth on every
+  // CTA, a narrower one only an extra pass (weights from L2) on the few experts past it.
+  const int nt = dense::nt_for(std::min<int64_t>(s, 3 * ((n + n_exp - 1) / n_exp) + 4));
   const moe::GroupedSplitMode split_mode{batch_invariant_, std::min(n_exp, k)};
 
   // gate and up: [n, inter] each, rows in sorted-entry order

@@ -66,7 +66,8 @@ __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, u
 }
 
 // y[M, N] = bf16(x W^T) for FP8 block / MXFP4 weights. The activation comes quantized (xc / xs) or,
-// for small batches, as fp32 x that each CTA quantizes while staging it (no second launch).
+// for one or two rows, as fp32 x that each CTA quantizes while staging it (no second launch; past two
+// rows the redundant quantizing costs more than the launch: op_bench, bench/RESULTS.md).
 // Bytes per launch: the weight and its scales once (M <= 64), the activation per 128 output
 // features (L2), 4*M*N written, plus 8*splits*M*N of partial sums (L2) when K is split. The split
 // partials are summed in split order by the last CTA of a row block (`fixup`, small M*splits) or by
@@ -139,7 +140,7 @@ template <mma::WFmt F, int NT>
 void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool invariant) {
   const int64_t K = w.cols, N = w.rows, nb = K / 32;
   mma::ActSource src{nullptr, nullptr, x};
-  if (NT > 2) {  // larger batches: quantize once in a prologue instead of once per 128 outputs
+  if (M > 2) {  // quantize once in a prologue: each CTA quantizing its K range costs more past 2 rows
     uint8_t* codes = workspace_as<uint8_t>(Ws::kActCodes, static_cast<size_t>(M * K));
     float* scales = workspace_as<float>(Ws::kActScales, static_cast<size_t>(M * nb));
     quantize_activation(x, M, K, codes, scales);
@@ -393,6 +394,8 @@ SplitPlan plan_split(int64_t tiles, int64_t nb, int nt, int64_t capacity) {
     p.splits = static_cast<int>(std::clamp<int64_t>(capacity / tiles, 1, std::max<int64_t>(1, nb / min_kb)));
   }
   p.kb_per_split = static_cast<int>((nb + p.splits - 1) / p.splits);
+  // splits start on 4-aligned K blocks, so a tile loads its MXFP4 scales as 32-bit words
+  if (p.splits > 1) p.kb_per_split = (p.kb_per_split + 3) / 4 * 4;
   p.splits = static_cast<int>((nb + p.kb_per_split - 1) / p.kb_per_split);
   return p;
 }

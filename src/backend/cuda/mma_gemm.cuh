@@ -45,6 +45,24 @@ __device__ __forceinline__ uint2 ld_stream8(const uint8_t* p) {
   return v;
 }
 
+__device__ __forceinline__ uint32_t ld_stream4(const uint8_t* p) {
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
+// Asynchronous global -> shared copies (Ampere cp.async): the activation chunk's loads are all in
+// flight at once and waited for once, instead of one load -> store round trip per element.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // 4 E2M1 codes (nibbles of the low 16 bits, first code lowest) -> 4 E4M3 bytes.
 __device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t x) {
   x &= 0xFFFFu;
@@ -91,6 +109,10 @@ struct ActSource {
 // row0 + 16 mt + g (+8 for i >= 2) and token nt*8 + 2q + (i & 1). w: row-major weight [N, K] (FP8
 // codes, or E2M1 pairs with the even column in the low nibble); wscale: E8M0 scales, [ceil(N/32),
 // scale_cols] (FP8) or [N, scale_cols] (FP4).
+//
+// Latency: the weight words and their E8M0 scales of the next U K blocks load while the current U
+// compute (nothing in the compute loop waits on global memory); a chunk's activation is staged with
+// cp.async (one wait per chunk) or, for fp32 rows, quantized from loads issued 8 blocks at a time.
 template <WFmt F, int NT, class ActRow>
 __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const uint8_t* __restrict__ wscale,
                                          int64_t scale_cols, int N, int K, int row0, int kb0, int kb1,
@@ -99,12 +121,18 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   using Shape = TileShape<NT>;
   constexpr int C = Shape::kChunk, S = Shape::kCodeStride, SS = Shape::kScaleStride;
   constexpr int U = kStageBlocks<F, NT>;
-  constexpr int W = F == WFmt::kFp8Block ? 2 : 1;  // 32-bit weight words per (block, row) per lane
+  constexpr bool kFp8 = F == WFmt::kFp8Block;
+  constexpr int W = kFp8 ? 2 : 1;  // 32-bit weight words per (block, row) per lane
+  // scale words per stage: FP8 one byte per block (the warp's 32-row block); FP4 the U bytes of
+  // each of the lane's 4 rows, packed 4 to a word
+  constexpr int SW = kFp8 ? U : 4 * (U / 4);
+  static_assert(kFp8 || U % 4 == 0, "FP4 stages hold whole scale words");
   __shared__ __align__(16) uint8_t sx[Shape::kRows * S];
   __shared__ float ss[Shape::kRows * SS];
+  __shared__ int32_t srow[Shape::kRows];  // activation row of each tile token, -1 for padding
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, warp = threadIdx.x >> 5;
   const int nt_active = (count + 7) / 8, rows_pad = 8 * nt_active, nb = K / 32;
-  const int64_t row_bytes = F == WFmt::kFp8Block ? K : K / 2;
+  const int64_t row_bytes = kFp8 ? K : K / 2;
   const uint8_t* wr[2][2];
   const uint8_t* sr[2][2];
   bool ok[2][2];
@@ -115,12 +143,15 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
       const int r = row0 + 16 * mt + 8 * h + g;
       ok[mt][h] = r < N;
       const int rr = ok[mt][h] ? r : 0;
-      wr[mt][h] = w + rr * row_bytes + (F == WFmt::kFp8Block ? 8 * q : 4 * q);
+      wr[mt][h] = w + rr * row_bytes + (kFp8 ? 8 * q : 4 * q);
       // FP8: the warp's 32-row scale block (block 0 for a warp past N, whose results are dropped)
-      sr[mt][h] = wscale + (F == WFmt::kFp8Block ? static_cast<int64_t>(row0 < N ? row0 / 32 : 0) : static_cast<int64_t>(rr)) * scale_cols;
+      sr[mt][h] = wscale + (kFp8 ? static_cast<int64_t>(row0 < N ? row0 / 32 : 0) : static_cast<int64_t>(rr)) * scale_cols;
     }
-  // weight words of K blocks kb .. kb+U-1 (zero past kb1 / N)
-  auto load = [&](uint32_t (&a)[U][2][2][W], int kb) {
+  // FP4 scale words load as 32-bit words when every stage starts 4-aligned in 4-aligned rows
+  const bool scale_words = !kFp8 && scale_cols % 4 == 0 && kb0 % 4 == 0 &&
+                           (reinterpret_cast<uintptr_t>(wscale) & 3u) == 0;
+  // weight words and scales of K blocks kb .. kb+U-1 (zero past kb1 / N)
+  auto load = [&](uint32_t (&a)[U][2][2][W], uint32_t (&sc)[SW], int kb) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -128,67 +159,103 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const bool in = kb + u < kb1 && ok[mt][h];
-          if constexpr (F == WFmt::kFp8Block) {
+          if constexpr (kFp8) {
             const uint2 v = in ? ld_stream8(wr[mt][h] + (kb + u) * 32) : make_uint2(0u, 0u);
             a[u][mt][h][0] = v.x;  // row 16 mt + 8 h + g, bytes 8q .. 8q+3 of the block
             a[u][mt][h][W - 1] = v.y;  // bytes 8q+4 .. 8q+7
           } else {
-            a[u][mt][h][0] = in ? __ldg(reinterpret_cast<const uint32_t*>(wr[mt][h] + (kb + u) * 16)) : 0u;
+            a[u][mt][h][0] = in ? ld_stream4(wr[mt][h] + (kb + u) * 16) : 0u;
           }
         }
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) sc[u] = kb + u < kb1 ? __ldg(sr[0][0] + kb + u) : 0u;
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < U / 4; ++j) {
+            const int k = kb + 4 * j;
+            uint32_t v = 0;
+            if (scale_words) {
+              if (k < kb1) v = __ldg(reinterpret_cast<const uint32_t*>(sr[mt][h] + k));
+            } else {
+#pragma unroll
+              for (int b = 0; b < 4; ++b)
+                if (k + b < kb1) v |= static_cast<uint32_t>(__ldg(sr[mt][h] + k + b)) << (8 * b);
+            }
+            sc[(mt * 2 + h) * (U / 4) + j] = v;
+          }
+    }
   };
+  if (threadIdx.x < rows_pad) srow[threadIdx.x] = threadIdx.x < count ? act_row(threadIdx.x) : -1;
   uint32_t cur[U][2][2][W], nxt[U][2][2][W] = {};
-  load(cur, kb0);  // in flight while the first activation chunk is staged
+  uint32_t cur_s[SW], nxt_s[SW] = {};
+  load(cur, cur_s, kb0);  // in flight while the first activation chunk is staged
   for (int kc = kb0; kc < kb1; kc += C) {
     const int nkc = min(C, kb1 - kc);
-    __syncthreads();  // the previous chunk's readers are done
-    if (src.x) {      // quantize fp32 rows: one warp per 32-value block
-      for (int b = warp; b < rows_pad * nkc; b += kWarps) {
-        const int r = b / nkc, c = b - r * nkc;
-        uint8_t code = 0;
-        float scale = 0.0f;
-        if (r < count) {
-          const float v = src.x[static_cast<int64_t>(act_row(r)) * K + (kc + c) * 32 + lane];
-          const int e = dq::round_scale_exponent(dq::group_amax<32>(v, dq::kFp8AmaxFloor), dq::kFp8MaxInv);
-          code = dq::fp8_code(v, dq::scale_from_exponent(e));
-          scale = e8m0_to_float(dq::e8m0_byte(e));
+    __syncthreads();  // the previous chunk's readers are done (and srow is written)
+    // padding tokens: zero codes and scales
+    for (int i = threadIdx.x; i < (rows_pad - count) * nkc * 2; i += kThreads) {
+      const int r = count + i / (2 * nkc), c = i % (2 * nkc);
+      *reinterpret_cast<uint4*>(sx + r * S + c * 16) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    for (int i = threadIdx.x; i < (rows_pad - count) * nkc; i += kThreads) ss[(count + i / nkc) * SS + i % nkc] = 0.0f;
+    if (src.x) {  // quantize fp32 rows: one warp per 32-value block, 8 blocks' loads in flight
+      constexpr int kBatch = 8;
+      const int blocks = count * nkc;
+      for (int b0 = warp; b0 < blocks; b0 += kWarps * kBatch) {
+        float v[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int b = b0 + j * kWarps, r = b / nkc;
+          v[j] = b < blocks ? src.x[static_cast<int64_t>(srow[r]) * K + (kc + b - r * nkc) * 32 + lane] : 0.0f;
         }
-        sx[r * S + c * 32 + lane] = code;
-        if (lane == 0) ss[r * SS + c] = scale;
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int b = b0 + j * kWarps;
+          if (b >= blocks) break;  // warp-uniform
+          const int r = b / nkc, c = b - r * nkc;
+          const int e = dq::round_scale_exponent(dq::group_amax<32>(v[j], dq::kFp8AmaxFloor), dq::kFp8MaxInv);
+          sx[r * S + c * 32 + lane] = dq::fp8_code(v[j], dq::scale_from_exponent(e));
+          if (lane == 0) ss[r * SS + c] = e8m0_to_float(dq::e8m0_byte(e));
+        }
       }
     } else {
-      for (int i = threadIdx.x; i < rows_pad * nkc * 2; i += kThreads) {
+      for (int i = threadIdx.x; i < count * nkc * 2; i += kThreads) {
         const int r = i / (2 * nkc), c = i - r * 2 * nkc;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r < count) v = __ldg(reinterpret_cast<const uint4*>(src.xc + static_cast<int64_t>(act_row(r)) * K + kc * 32 + c * 16));
-        *reinterpret_cast<uint4*>(sx + r * S + c * 16) = v;
+        cp_async16(sx + r * S + c * 16, src.xc + static_cast<int64_t>(srow[r]) * K + kc * 32 + c * 16);
       }
-      for (int i = threadIdx.x; i < rows_pad * nkc; i += kThreads) {
+      for (int i = threadIdx.x; i < count * nkc; i += kThreads) {
         const int r = i / nkc, c = i - r * nkc;
-        ss[r * SS + c] = r < count ? __ldg(src.xs + static_cast<int64_t>(act_row(r)) * nb + kc + c) : 0.0f;
+        cp_async4(ss + r * SS + c, src.xs + static_cast<int64_t>(srow[r]) * nb + kc + c);
       }
+      cp_async_wait_all();
     }
     __syncthreads();
     for (int kb = kc; kb < kc + nkc; kb += U) {
-      if (kb + U < kb1) load(nxt, kb + U);
+      if (kb + U < kb1) load(nxt, nxt_s, kb + U);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int k = kb + u;
         if (k >= kc + nkc) break;
         float ws[2][2];  // [mt][h]: the scale of rows 16 mt + 8 h + g
-        if constexpr (F == WFmt::kFp8Block) {
-          const float s = e8m0_to_float(__ldg(sr[0][0] + k));  // one 32-row block per warp
+        if constexpr (kFp8) {
+          const float s = e8m0_to_float(static_cast<uint8_t>(cur_s[u]));  // one 32-row block per warp
           ws[0][0] = ws[0][1] = ws[1][0] = ws[1][1] = s;
         } else {
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) ws[mt][h] = e8m0_to_float(__ldg(sr[mt][h] + k));
+            for (int h = 0; h < 2; ++h)
+              ws[mt][h] = e8m0_to_float(static_cast<uint8_t>(cur_s[(mt * 2 + h) * (U / 4) + u / 4] >> (8 * (u % 4))));
         }
         uint32_t a[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          if constexpr (F == WFmt::kFp8Block) {
+          if constexpr (kFp8) {
             a[mt][0] = cur[u][mt][0][0];
             a[mt][1] = cur[u][mt][1][0];
             a[mt][2] = cur[u][mt][0][W - 1];
@@ -227,6 +294,8 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
           for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int j = 0; j < W; ++j) cur[u][mt][h][j] = nxt[u][mt][h][j];
+#pragma unroll
+      for (int j = 0; j < SW; ++j) cur_s[j] = nxt_s[j];
     }
   }
 }
