@@ -1,5 +1,8 @@
 #include "backend/backend.h"
 
+#include <algorithm>
+#include <string>
+
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 
@@ -10,6 +13,23 @@ Tensor copy_tensor(Backend& b, const Tensor& t) {
   Tensor out = b.alloc(t.type, t.shape);
   if (t.rows() > 0) b.copy_rows(out, 0, t, 0, t.rows());
   return out;
+}
+
+int64_t index_width(const std::vector<int64_t>& visible) {
+  int64_t w = 0;
+  for (int64_t v : visible) w = std::max(w, v);
+  return w;
+}
+
+void check_key_offsets(const std::vector<int64_t>& key_offsets, const std::vector<int64_t>& visible, int64_t key_rows) {
+  if (key_offsets.empty()) return;
+  if (key_offsets.size() != visible.size())
+    throw Error("index_scores: " + std::to_string(key_offsets.size()) + " key offsets for " +
+                std::to_string(visible.size()) + " rows");
+  for (size_t r = 0; r < visible.size(); ++r)
+    if (visible[r] > 0 && (key_offsets[r] < 0 || key_offsets[r] + visible[r] > key_rows))
+      throw Error("index_scores: row " + std::to_string(r) + " reads keys [" + std::to_string(key_offsets[r]) + ", " +
+                  std::to_string(key_offsets[r] + visible[r]) + ") of " + std::to_string(key_rows));
 }
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }

@@ -123,10 +123,12 @@ class Backend {
                               int64_t rows_per_page, int64_t base) = 0;
   // Per-channel softmax pooling: kv, score [G*ratio, Dh] f32 -> [G, Dh] f32.
   virtual Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) = 0;
-  // Lightning-indexer scores: q [S, nh*hd], keys [T, hd], w [S, nh] -> [S, T] (bf16 values, the
-  // reference's bf16 einsum / relu / weighting / head sum); -inf where t >= visible[s].
+  // Lightning-indexer scores: q [S, nh*hd], keys [*, hd], w [S, nh] -> [S, T] (bf16 values, the
+  // reference's bf16 einsum / relu / weighting / head sum); -inf where t >= visible[s]. Without
+  // key_offsets every row scores keys 0 .. T-1, T = keys.rows(); with them (one per row: several
+  // sequences' keys in one tensor) row s scores keys key_offsets[s] + t, T = max(visible).
   virtual Tensor index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
-                              const std::vector<int64_t>& visible) = 0;
+                              const std::vector<int64_t>& visible, const std::vector<int64_t>& key_offsets) = 0;
   // Two-level selection, level one: block score = max of block_size positions, the query's newest
   // block pinned, keep the top `topk_blocks` finite blocks; scores outside them -> -inf in
   // `restrict_scores` (when given). Returns the mask [S, T] U8.
@@ -155,6 +157,11 @@ class Backend {
 
 // A copy of `t` in new storage of the same backend (t itself when it holds nothing).
 Tensor copy_tensor(Backend& b, const Tensor& t);
+
+// index_scores with key offsets: the output width, max(visible) (0 for no rows); and the check that
+// every row's keys [offset, offset + visible) lie in the `key_rows` keys (throws di::Error).
+int64_t index_width(const std::vector<int64_t>& visible);
+void check_key_offsets(const std::vector<int64_t>& key_offsets, const std::vector<int64_t>& visible, int64_t key_rows);
 
 std::unique_ptr<Backend> make_cpu_backend();
 // "cpu" or "cuda"; throws di::Error for an unknown or unavailable device.

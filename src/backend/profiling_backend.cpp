@@ -299,11 +299,13 @@ Tensor ProfilingBackend::softmax_pool(const Tensor& kv, const Tensor& score, int
 }
 
 Tensor ProfilingBackend::index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
-                                      const std::vector<int64_t>& visible) {
-  const double s = static_cast<double>(q.rows()), t = static_cast<double>(keys.rows());
+                                      const std::vector<int64_t>& visible, const std::vector<int64_t>& key_offsets) {
+  const double s = static_cast<double>(q.rows());
+  const double t = key_offsets.empty() ? static_cast<double>(keys.rows()) : static_cast<double>(index_width(visible));
   const double bytes = tensor_bytes(q) + tensor_bytes(keys) + tensor_bytes(w) + 4.0 * s * t;
   const double flops = 2.0 * s * t * static_cast<double>(q.row_size());
-  return track(timed("index_scores", bytes, flops, false, [&] { return inner_.index_scores(q, heads, keys, w, visible); }));
+  return track(timed("index_scores", bytes, flops, false,
+                     [&] { return inner_.index_scores(q, heads, keys, w, visible, key_offsets); }));
 }
 
 Tensor ProfilingBackend::select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks,

@@ -132,9 +132,14 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
     if (ls.mode == AttnMode::kFull)
       for (size_t pi = 0; pi < batch.parts.size(); ++pi) compress(layer, r, static_cast<int>(pi), batch);
     kv_more = kv_pool_->comp(ls.kv_source);
-    for (size_t pi = 0; pi < batch.parts.size(); ++pi) {
-      lists[pi] = compressed_branch(layer, r, static_cast<int>(pi), batch);
-      list_width = std::max(list_width, lists[pi].row_size());
+    if (batched_indexer()) {
+      lists = {compressed_branch_batch(layer, r, batch)};
+      list_width = lists[0].row_size();
+    } else {
+      for (size_t pi = 0; pi < batch.parts.size(); ++pi) {
+        lists[pi] = compressed_branch(layer, r, static_cast<int>(pi), batch);
+        list_width = std::max(list_width, lists[pi].row_size());
+      }
     }
   }
   // the parts' row ids -> pool rows of the source, after the keys in kv
@@ -183,6 +188,17 @@ Tensor Model::attention_lists(const WindowLists& wl, const std::vector<Tensor>& 
                               const std::function<void(Tensor&, size_t, size_t)>& to_pool_rows) {
   Backend& be = backend_;
   const size_t np = batch.parts.size();
+  if (lists.size() == 1 && np > 1) {  // one list of every query row (compressed_branch_batch)
+    if (!wl.all.empty()) {
+      if (width == 0) return wl.all;
+      Tensor top = copy_tensor(be, lists[0]);  // mapped in place: it may be a Reuse layer's source list
+      to_pool_rows(top, 0, np);
+      return be.concat_cols(wl.all, top);
+    }
+    std::vector<Tensor> views;  // window widths differ: the per-part path over row views
+    for (const BatchPart& p : batch.parts) views.push_back(row_view(lists[0], p.q.row0, p.q.rows));
+    return attention_lists(wl, views, width, batch, to_pool_rows);
+  }
   // a part's list, padded with -1 to `width` at its end: a -1 after every entry of a row changes no
   // sum (CPU or GPU), a -1 between entries would (GPU block sums pair entries by list place)
   auto padded = [&](Tensor t, int64_t nq, int64_t want) {
@@ -294,6 +310,56 @@ void Model::compress(int layer, const AttnRows& r, int part, Batch& batch) {
   be.pack_rows(latent, RowFormat::kFp4E4m3, state.pool->comp(layer), slots);
   cache.n_comp = std::max(cache.n_comp, compress_len);
   batch.scratch[part].invalidate(layer);
+  batch.index_keys.erase(layer);
+}
+
+Tensor Model::compressed_branch_batch(int layer, const AttnRows& r, Batch& batch) {
+  const LayerSchedule& ls = cfg_.layers[layer];
+  Backend& be = backend_;
+  if (ls.mode == AttnMode::kReuse) {
+    auto it = batch.topk.find(ls.index_source);
+    DI_CHECK(it != batch.topk.end());
+    return it->second;
+  }
+  const int ratio = ls.ratio;
+  std::vector<int64_t> visible(static_cast<size_t>(batch.q_rows), 0);
+  int64_t widest = 0;
+  for (const BatchPart& p : batch.parts) {
+    const int64_t compress_len = (p.start + p.n) / ratio;
+    DI_CHECK(p.state->pool == kv_pool_ && p.state->layers[ls.kv_source].n_comp >= compress_len);
+    for (int64_t i = 0; i < p.q.rows; ++i) visible[static_cast<size_t>(p.q.row0 + i)] = (p.q.first + i + 1) / ratio;
+    widest = std::max(widest, compress_len);
+  }
+  Tensor idx;
+  if (widest == 0) {
+    idx = be.alloc(TType::kI32, {batch.q_rows, 0});
+  } else {
+    Batch::IndexKeys& ik = batch.index_keys[ls.kv_source];
+    if (ik.keys.empty()) {  // every part's keys, one unpack
+      std::vector<int64_t> slots;
+      ik.offsets.assign(static_cast<size_t>(batch.q_rows), 0);
+      for (const BatchPart& p : batch.parts) {
+        const int64_t compress_len = (p.start + p.n) / ratio;
+        std::fill_n(ik.offsets.begin() + p.q.row0, p.q.rows, static_cast<int64_t>(slots.size()));
+        const std::vector<int64_t> s = global_slots(*p.state, ls.kv_source, 0, compress_len);
+        slots.insert(slots.end(), s.begin(), s.end());
+      }
+      ik.keys = be.unpack_rows(kv_pool_->index_keys(ls.kv_source), RowFormat::kFp4Ue8m0, cfg_.index_head_dim, slots);
+    }
+    Tensor scores = be.index_scores(r.qi, cfg_.index_n_heads, ik.keys, r.wts, visible, ik.offsets);  // [q rows, T]
+    if (ls.is_candidate_source) {
+      batch.candidates = be.select_candidates(scores, visible, cfg_.candidate_topk_blocks, cfg_.candidate_block_size,
+                                              TieBreak::kLowestIndex);
+    } else if (ls.uses_candidates) {
+      DI_CHECK(!batch.candidates.empty() && batch.candidates.row_size() == scores.row_size());
+      be.mask_scores(scores, batch.candidates);
+    }
+    // k >= every part's own min(index_topk, compressed rows), so each row keeps the same entries
+    const int k = static_cast<int>(std::min<int64_t>(cfg_.index_topk, scores.row_size()));
+    idx = be.topk_indices(scores, k, visible, 0, TieBreak::kLowestIndex);
+  }
+  batch.topk[layer] = idx;
+  return idx;
 }
 
 Tensor Model::compressed_branch(int layer, const AttnRows& r, int part, Batch& batch) {
@@ -329,7 +395,7 @@ Tensor Model::compressed_branch(int layer, const AttnRows& r, int part, Batch& b
       std::vector<int64_t> visible(nq);
       for (int64_t i = 0; i < nq; ++i) visible[i] = (p.q.first + i + 1) / ratio;
       Tensor scores = be.index_scores(row_view(r.qi, p.q.row0, nq), cfg_.index_n_heads, keys,
-                                      row_view(r.wts, p.q.row0, nq), visible);
+                                      row_view(r.wts, p.q.row0, nq), visible, {});
       if (ls.is_candidate_source) {
         scratch.candidates =
             be.select_candidates(scores, visible, cfg_.candidate_topk_blocks, cfg_.candidate_block_size, ties);

@@ -76,6 +76,9 @@ struct ModelOptions {
   // long, and any chunking of a prompt -- one-token decode included -- gives the same logits as
   // one prefill.
   bool reference_decode_quirks = true;
+  // With the quirks off: the indexer of a layer runs once over every sequence of a batch (their
+  // keys in one tensor) instead of once per sequence -- the same lists. Off only to test that.
+  bool batched_indexer = true;
   // Positions per page of the global-KV page pool (a multiple of every compress ratio).
   int64_t kv_page_tokens = 64;
 };
@@ -144,6 +147,10 @@ class Model {
   // Compressed branch of a ratio > 0 layer for one sequence's query rows: their top-k lists of its
   // compressed row ids ([q rows, k] I32, -1 = none).
   Tensor compressed_branch(int layer, const AttnRows& a, int part, Batch& batch);
+  // The same for every query row of the batch at once ([q rows, k], rows of a part past its own
+  // list width -1); the batched indexer (quirks off: every layer reads its own KV source's keys).
+  Tensor compressed_branch_batch(int layer, const AttnRows& a, Batch& batch);
+  bool batched_indexer() const { return options_.batched_indexer && !options_.reference_decode_quirks; }
   // The batch's window lists for its current row layout (built on the host once per layout).
   const WindowLists& window_lists_of(Batch& batch);
   // [q rows, window ++ top-k] lists of the whole batch; `lists` per part, `width` the widest;

@@ -64,6 +64,16 @@ struct Model::Batch {
   std::vector<int64_t> ring_base;
   int64_t ring_rows = 0;
   WindowLists window;
+  // The batched indexer's state (Model::compressed_branch_batch), as ForwardScratch per part: the
+  // top-k lists of every query row per index source, the candidate mask, and per KV source the
+  // unpacked index keys of every part with each query row's first key.
+  std::map<int, Tensor> topk;
+  Tensor candidates;
+  struct IndexKeys {
+    Tensor keys;                   // [sum of the parts' compressed rows, ihd]
+    std::vector<int64_t> offsets;  // [q rows]
+  };
+  std::map<int, IndexKeys> index_keys;
   std::vector<int64_t> positions;       // [current rows]
   std::vector<int64_t> q_positions;     // [query rows] of the layer in progress
   int64_t rows = 0, q_rows = 0;

@@ -88,8 +88,8 @@ class EpBackend final : public Backend {
     return inner_.softmax_pool(kv, score, ratio);
   }
   Tensor index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
-                      const std::vector<int64_t>& visible) override {
-    return inner_.index_scores(q, heads, keys, w, visible);
+                      const std::vector<int64_t>& visible, const std::vector<int64_t>& key_offsets) override {
+    return inner_.index_scores(q, heads, keys, w, visible, key_offsets);
   }
   Tensor select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks, int block_size,
                            TieBreak ties) override {

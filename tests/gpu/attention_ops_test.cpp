@@ -333,9 +333,32 @@ TEST_F(AttentionOps, IndexScores) {
     SCOPED_TRACE("rows=" + std::to_string(c.rows) + " heads=" + std::to_string(c.heads) + " hd=" + std::to_string(c.hd) +
                  " T=" + std::to_string(c.t_len) + (c.ties ? " tie-heavy " : " normal ") + seed_note());
     IndexInputs in = index_inputs(*this, r, c.rows, c.heads, c.hd, c.t_len, c.ties);
-    std::vector<float> want = cpu->to_host_f32(cpu->index_scores(in.q_c, c.heads, in.k_c, in.w_c, in.visible));
-    std::vector<float> got = gpu->to_host_f32(gpu->index_scores(in.q_g, c.heads, in.k_g, in.w_g, in.visible));
+    std::vector<float> want = cpu->to_host_f32(cpu->index_scores(in.q_c, c.heads, in.k_c, in.w_c, in.visible, {}));
+    std::vector<float> got = gpu->to_host_f32(gpu->index_scores(in.q_g, c.heads, in.k_g, in.w_g, in.visible, {}));
     ASSERT_EQ(got.size(), want.size());
+    int64_t first = 0;
+    EXPECT_EQ(bit_mismatches(got, want, &first), 0) << at_str(got, want, first);
+  }
+}
+
+// Several sequences' keys in one tensor (the batched indexer): each row reads keys from its own
+// offset; bit-identical to the CPU.
+TEST_F(AttentionOps, IndexScoresWithKeyOffsets) {
+  Rng& r = rng();
+  for (auto [rows, heads, hd, t_len] : std::vector<std::tuple<int64_t, int, int64_t, int64_t>>{
+           {1, 4, 64, 50}, {9, 32, 128, 900}, {37, 4, 60, 333}}) {
+    SCOPED_TRACE("rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) + " hd=" + std::to_string(hd) +
+                 " keys=" + std::to_string(t_len) + " " + seed_note());
+    IndexInputs in = index_inputs(*this, r, rows, heads, hd, t_len, false);
+    std::vector<int64_t> offsets(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) {
+      offsets[i] = r.uniform_int(0, t_len - 1);
+      in.visible[i] = i % 5 == 4 ? 0 : r.uniform_int(1, t_len - offsets[i]);  // sometimes nothing visible
+    }
+    std::vector<float> want = cpu->to_host_f32(cpu->index_scores(in.q_c, heads, in.k_c, in.w_c, in.visible, offsets));
+    std::vector<float> got = gpu->to_host_f32(gpu->index_scores(in.q_g, heads, in.k_g, in.w_g, in.visible, offsets));
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(static_cast<int64_t>(want.size()), rows * index_width(in.visible));
     int64_t first = 0;
     EXPECT_EQ(bit_mismatches(got, want, &first), 0) << at_str(got, want, first);
   }
@@ -352,7 +375,7 @@ struct ScoreRows {
 ScoreRows tie_scores(AttentionOps& t, Rng& rng, int64_t rows, int64_t t_len) {
   IndexInputs in = index_inputs(t, rng, rows, 4, 64, t_len, true);
   ScoreRows s;
-  s.host = t.cpu->to_host_f32(t.cpu->index_scores(in.q_c, 4, in.k_c, in.w_c, in.visible));
+  s.host = t.cpu->to_host_f32(t.cpu->index_scores(in.q_c, 4, in.k_c, in.w_c, in.visible, {}));
   s.c = t.cpu->from_host_f32(s.host, {rows, t_len});
   s.g = t.gpu->from_host_f32(s.host, {rows, t_len});
   s.visible = in.visible;

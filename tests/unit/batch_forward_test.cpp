@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <functional>
 #include <random>
 
 #include "core/error.h"
@@ -52,19 +53,20 @@ void expect_same(const ForwardResult& batched, const ForwardResult& alone, Backe
   for (size_t i = 0; i < fa.size(); ++i) ASSERT_EQ(fb[i], fa[i]) << where << " feature " << i;
 }
 
-// Runs `n_seq` random plans alone, then the same plans interleaved in random batches; every
-// entry's results must match exactly. Returns the number of batched forwards with > 1 entry.
-int check_batch_invariance(Model& model, Backend& be, uint64_t seed, int n_seq) {
+// Runs `n_seq` random plans alone (on `alone_model`), then the same plans interleaved in random
+// batches (on `model`); every entry's results must match exactly. Returns the number of batched
+// forwards with > 1 entry.
+int check_batch_invariance(Model& model, Model& alone_model, Backend& be, uint64_t seed, int n_seq) {
   std::mt19937_64 rng(seed);
   const ModelConfig& cfg = model.config();
   std::vector<std::vector<Step>> plans;
   for (int s = 0; s < n_seq; ++s) plans.push_back(random_plan(rng, cfg.vocab_size, cfg.window, 90));
   std::vector<std::vector<ForwardResult>> alone(n_seq);
   for (int s = 0; s < n_seq; ++s) {
-    SequenceState st = model.new_sequence();
+    SequenceState st = alone_model.new_sequence();
     for (const Step& step : plans[s]) {
       std::vector<BatchEntry> one{{&st, step.ids, step.options}};
-      alone[s].push_back(model.forward_batch(one)[0]);
+      alone[s].push_back(alone_model.forward_batch(one)[0]);
     }
   }
   std::vector<SequenceState> states;
@@ -95,6 +97,18 @@ int check_batch_invariance(Model& model, Backend& be, uint64_t seed, int n_seq) 
   return multi;
 }
 
+int check_batch_invariance(Model& model, Backend& be, uint64_t seed, int n_seq) {
+  return check_batch_invariance(model, model, be, seed, n_seq);
+}
+
+// Runs check(seed) with fresh seeds until at least `want` batched forwards had several entries (the
+// random schedules vary; up to 5 rounds). Returns their number.
+int batched_steps(int want, const char* name, const std::function<int(uint64_t)>& check) {
+  int multi = 0;
+  for (int round = 0; round < 5 && multi < want; ++round) multi += check(fresh_seed(name));
+  return multi;
+}
+
 class BatchForward : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -116,20 +130,36 @@ std::unique_ptr<Model> BatchForward::consistent_;
 std::unique_ptr<Model> BatchForward::reference_;
 
 TEST_F(BatchForward, EachEntryMatchesItsRunAloneExactly) {
-  int multi = check_batch_invariance(*consistent_, *backend_, fresh_seed("BatchForward.quirks_off"), 4);
+  int multi = batched_steps(6, "BatchForward.quirks_off",
+                            [&](uint64_t seed) { return check_batch_invariance(*consistent_, *backend_, seed, 4); });
   std::printf("[batch forward] quirks off: %d batched steps with several entries, all bit-identical\n", multi);
-  EXPECT_GT(multi, 5);
+  EXPECT_GE(multi, 6);
 }
 
 // The reference's decode quirks are per sequence (its index-key source, torch's tie order over the
 // row's width), so batching leaves them alone as well.
 TEST_F(BatchForward, HoldsWithTheReferenceDecodeQuirksToo) {
-  int multi = check_batch_invariance(*reference_, *backend_, fresh_seed("BatchForward.quirks_on"), 4);
+  int multi = batched_steps(3, "BatchForward.quirks_on",
+                            [&](uint64_t seed) { return check_batch_invariance(*reference_, *backend_, seed, 4); });
   std::printf("[batch forward] quirks on: %d batched steps with several entries, all bit-identical\n", multi);
-  EXPECT_GT(multi, 2);
+  EXPECT_GE(multi, 3);
 }
 
 // A prefix-cache replay (keep_global_before) batched with another sequence's chunk.
+// The batched indexer (one index-score / top-k pass over every sequence's rows, their keys in one
+// tensor) gives each sequence the lists, and so the logits, of the indexer run per sequence.
+TEST_F(BatchForward, BatchedIndexerGivesThePerSequenceResults) {
+  ModelOptions o;
+  o.reference_decode_quirks = false;
+  o.batched_indexer = false;
+  std::unique_ptr<Model> per_sequence = Model::load(std::string(DI_TEST_DATA) + "/golden_dev/model", *backend_, o);
+  int multi = batched_steps(6, "BatchForward.indexer", [&](uint64_t seed) {
+    return check_batch_invariance(*consistent_, *per_sequence, *backend_, seed, 4);
+  });
+  std::printf("[batch forward] batched indexer vs per sequence: %d batched steps, all bit-identical\n", multi);
+  EXPECT_GE(multi, 6);
+}
+
 TEST_F(BatchForward, ReplayEntriesToo) {
   Model& m = *consistent_;
   const int w = m.config().window, vocab = m.config().vocab_size;

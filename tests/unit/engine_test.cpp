@@ -490,7 +490,8 @@ TEST(Engine, VerifyStepsWithRollbackDoNotChangeOutputs) {
   EXPECT_GT(s.draft_tokens, 0);
   EXPECT_GT(s.accepted_draft_tokens, 0);
   EXPECT_LT(s.accepted_draft_tokens, s.draft_tokens);
-  EXPECT_LT(s.steps, plain_engine->stats().steps);
+  // No claim on the step count: verify rows take token budget from the other requests' prefill
+  // chunks, so a run with accepted drafts can still take more steps than the plain one.
 }
 
 TEST(Engine, LogitMaskRestrictsTokens) {

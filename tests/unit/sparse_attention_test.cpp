@@ -9,6 +9,7 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "test_util.h"
 
 namespace di {
@@ -75,6 +76,71 @@ TEST(MapPagedRows, RowIdsGoThroughEachRowsPageTable) {
   be->map_paged_rows(idx, start, table, 4, 10);
   EXPECT_EQ(be->to_host_i32(idx), (std::vector<int32_t>{10 + 20, 10 + 8 + 3, -1, 10 + 3, 10 + 12 + 1, 10 + 28,
                                                         10 + 12 + 3, -1, 10 + 0}));
+}
+
+}  // namespace
+}  // namespace di
+
+namespace di {
+namespace {
+
+// index_scores with key offsets (several sequences' keys in one tensor): each row's scores are the
+// bits it gets against its own sequence's keys alone; the output is max(visible) wide, -inf after
+// a row's visible keys; offsets that leave the keys are rejected.
+TEST(IndexScoresKeyOffsets, EachRowScoresItsOwnSequencesKeys) {
+  std::mt19937_64 rng(testing_util::fresh_seed("IndexScoresKeyOffsets"));
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int heads = 3;
+  const int64_t hd = 32;
+  const std::vector<int64_t> lens = {40, 7, 0, 25};  // keys per sequence (one has none yet)
+  std::vector<std::vector<float>> keys(lens.size());
+  std::vector<float> all_keys;
+  std::vector<int64_t> first;  // each sequence's first key in all_keys
+  for (size_t s = 0; s < lens.size(); ++s) {
+    first.push_back(static_cast<int64_t>(all_keys.size()) / hd);
+    for (int64_t i = 0; i < lens[s] * hd; ++i) keys[s].push_back(u(rng));
+    all_keys.insert(all_keys.end(), keys[s].begin(), keys[s].end());
+  }
+  const int64_t rows = 9;
+  std::vector<float> q(rows * heads * hd), w(rows * heads);
+  for (float& v : q) v = u(rng);
+  for (float& v : w) v = 0.1f * u(rng);
+  std::vector<int64_t> seq(rows), visible(rows), offsets(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    seq[r] = r == 0 ? 0 : static_cast<int64_t>(rng() % lens.size());  // row 0 sees keys
+    visible[r] = lens[seq[r]] == 0 ? 0 : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(lens[seq[r]]));
+    offsets[r] = first[seq[r]];
+  }
+  const int64_t width = index_width(visible);
+  Tensor got = be->index_scores(be->from_host_f32(q, {rows, heads * hd}), heads,
+                                be->from_host_f32(all_keys, {static_cast<int64_t>(all_keys.size()) / hd, hd}),
+                                be->from_host_f32(w, {rows, heads}), visible, offsets);
+  ASSERT_EQ(got.rows(), rows);
+  ASSERT_EQ(got.row_size(), width);
+  const std::vector<float> g = be->to_host_f32(got);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = lens[seq[r]];
+    std::vector<float> qr(q.begin() + r * heads * hd, q.begin() + (r + 1) * heads * hd);
+    std::vector<float> wr(w.begin() + r * heads, w.begin() + (r + 1) * heads);
+    std::vector<float> alone(static_cast<size_t>(width), -INFINITY);
+    if (n > 0) {
+      const std::vector<float> a = be->to_host_f32(be->index_scores(
+          be->from_host_f32(qr, {1, heads * hd}), heads, be->from_host_f32(keys[seq[r]], {n, hd}),
+          be->from_host_f32(wr, {1, heads}), {visible[r]}, {}));
+      std::copy(a.begin(), a.begin() + std::min<int64_t>(n, width), alone.begin());
+    }
+    for (int64_t t = 0; t < width; ++t) {
+      const float want = t < visible[r] ? alone[t] : -INFINITY;
+      ASSERT_EQ(std::memcmp(&g[r * width + t], &want, 4), 0) << "row " << r << " key " << t;
+    }
+  }
+  std::vector<int64_t> bad = offsets;
+  bad[0] = static_cast<int64_t>(all_keys.size()) / hd - visible[0] + 1;  // one key past the end
+  EXPECT_THROW(be->index_scores(be->from_host_f32(q, {rows, heads * hd}), heads,
+                                  be->from_host_f32(all_keys, {static_cast<int64_t>(all_keys.size()) / hd, hd}),
+                                  be->from_host_f32(w, {rows, heads}), visible, bad),
+                 Error);
 }
 
 }  // namespace

@@ -113,9 +113,11 @@ Tensor CpuBackend::softmax_pool(const Tensor& kv, const Tensor& score, int ratio
 }
 
 Tensor CpuBackend::index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
-                                const std::vector<int64_t>& visible) {
-  int64_t s = q.rows(), hd = keys.row_size(), t_len = keys.rows();
+                                const std::vector<int64_t>& visible, const std::vector<int64_t>& key_offsets) {
+  const int64_t s = q.rows(), hd = keys.row_size();
+  const int64_t t_len = key_offsets.empty() ? keys.rows() : index_width(visible);
   DI_CHECK(q.row_size() == heads * hd && w.row_size() == heads && static_cast<int64_t>(visible.size()) == s);
+  check_key_offsets(key_offsets, visible, keys.rows());
   Tensor out = alloc(TType::kF32, {s, t_len});
   parallel_for(s * t_len, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
@@ -127,7 +129,8 @@ Tensor CpuBackend::index_scores(const Tensor& q, int heads, const Tensor& keys, 
       // bf16 einsum, bf16 relu*weight, head sum accumulated in fp32 and rounded once
       float acc = 0;
       for (int h = 0; h < heads; ++h) {
-        float qk = quant::round_bf16(cpu::dot(q.f32() + r * heads * hd + h * hd, keys.f32() + t * hd, hd));
+        const int64_t key = (key_offsets.empty() ? 0 : key_offsets[r]) + t;
+        float qk = quant::round_bf16(cpu::dot(q.f32() + r * heads * hd + h * hd, keys.f32() + key * hd, hd));
         acc += quant::round_bf16(std::max(qk, 0.0f) * w.f32()[r * heads + h]);
       }
       out.f32()[i] = quant::round_bf16(acc);

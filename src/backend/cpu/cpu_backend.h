@@ -50,7 +50,7 @@ class CpuBackend final : public Backend {
                       int64_t rows_per_page, int64_t base) override;
   Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) override;
   Tensor index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
-                      const std::vector<int64_t>& visible) override;
+                      const std::vector<int64_t>& visible, const std::vector<int64_t>& key_offsets) override;
   Tensor select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks,
                            int block_size, TieBreak ties) override;
   void mask_scores(Tensor& scores, const Tensor& keep_mask) override;

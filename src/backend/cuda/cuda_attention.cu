@@ -422,9 +422,10 @@ __global__ void softmax_pool_kernel(const float* __restrict__ kv, const float* _
 // One block per (tile of positions, query row), one thread per position. The query row [heads, hd],
 // its head weights and the tile's keys sit in shared memory; each dot runs in cpu::dot's exact
 // fp32 order, so the scores are bit-identical to the CPU's. heads x hd multiplies per position.
+// key_off (optional): row r's keys start at row key_off[r] of `keys`.
 __global__ void index_scores_kernel(const float* __restrict__ q, int heads, int hd, const float* __restrict__ keys,
-                                    int64_t t_len, const float* __restrict__ w, const int64_t* __restrict__ visible,
-                                    int64_t row0, float* __restrict__ out) {
+                                    const int64_t* __restrict__ key_off, int64_t t_len, const float* __restrict__ w,
+                                    const int64_t* __restrict__ visible, int64_t row0, float* __restrict__ out) {
   extern __shared__ float smem[];
   const int tile = blockDim.x, kstride = hd + 1;  // +1: conflict-free column reads
   float* qs = smem;                               // [heads * hd]
@@ -432,6 +433,7 @@ __global__ void index_scores_kernel(const float* __restrict__ q, int heads, int 
   float* ks = ws + heads;                         // [tile, hd + 1]
   const int64_t r = row0 + blockIdx.y, t0 = static_cast<int64_t>(blockIdx.x) * tile;
   const int64_t vis = visible[r];
+  if (key_off) keys += key_off[r] * hd;
   const int64_t n_load = std::max<int64_t>(0, std::min<int64_t>(std::min<int64_t>(tile, t_len - t0), vis - t0));
   if (n_load > 0) {
     for (int i = threadIdx.x; i < heads * hd; i += tile) qs[i] = q[r * heads * hd + i];
@@ -562,10 +564,12 @@ Tensor CudaBackend::softmax_pool(const Tensor& kv, const Tensor& score, int rati
 }
 
 Tensor CudaBackend::index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
-                                 const std::vector<int64_t>& visible) {
-  const int64_t s = q.rows(), hd = keys.row_size(), t_len = keys.rows();
+                                 const std::vector<int64_t>& visible, const std::vector<int64_t>& key_offsets) {
+  const int64_t s = q.rows(), hd = keys.row_size();
+  const int64_t t_len = key_offsets.empty() ? keys.rows() : index_width(visible);
   DI_CHECK(heads > 0 && q.row_size() == heads * hd && w.row_size() == heads && w.rows() == s &&
            static_cast<int64_t>(visible.size()) == s);
+  check_key_offsets(key_offsets, visible, keys.rows());
   Tensor out = alloc(TType::kF32, {s, t_len});
   if (s == 0 || t_len == 0) return out;
   // Positions per block: 128 unless the query row and key tile overflow shared memory.
@@ -582,12 +586,13 @@ Tensor CudaBackend::index_scores(const Tensor& q, int heads, const Tensor& keys,
     return true;
   }();
   (void)attr_set;
-  Scratch vis = cuda::attn::upload(visible);
+  Scratch vis = cuda::attn::upload(visible), offs = cuda::attn::upload(key_offsets);
   const unsigned tiles = static_cast<unsigned>((t_len + tile - 1) / tile);
   for (int64_t row0 = 0; row0 < s; row0 += 65535) {
     const unsigned nb = static_cast<unsigned>(std::min<int64_t>(65535, s - row0));
     index_scores_kernel<<<dim3(tiles, nb), tile, smem_for(tile)>>>(q.f32(), heads, static_cast<int>(hd), keys.f32(),
-                                                                   t_len, w.f32(), vis.as<int64_t>(), row0, out.f32());
+                                                                   offs.as<int64_t>(), t_len, w.f32(), vis.as<int64_t>(),
+                                                                   row0, out.f32());
     DI_CUDA_LAUNCH_CHECK();
   }
   return out;

@@ -25,20 +25,14 @@ std::shared_ptr<void> device_alloc(size_t bytes) {
   });
 }
 
-// Tensor memory: stream-ordered allocations from the device's default pool, which keeps freed memory
-// (cuda_scratch.cuh), so a steady-state op allocates nothing from the driver and freeing never waits
-// for the device (cudaFree would synchronize after every op). All ops run on the default stream.
+// Tensor memory: blocks of the stream-ordered cache (device_memory.cuh), so a steady-state op
+// allocates nothing from the driver and freeing never waits for the device (cudaFree would
+// synchronize after every op). All ops run on the default stream.
 std::shared_ptr<void> tensor_alloc(size_t bytes) {
-  void* p = nullptr;
-  if (bytes > 0) {
-    cuda::keep_pool_memory();
-    cudaError_t err = cudaMallocAsync(&p, bytes, 0);
-    if (err != cudaSuccess)
-      throw Error("GPU out of memory allocating " + std::to_string(bytes) + " bytes: " + cudaGetErrorString(err));
-  }
-  return std::shared_ptr<void>(p, [](void* q) {
-    if (q) cudaFreeAsync(q, 0);  // errors ignored: may run at exit, after the context is gone
-  });
+  if (bytes == 0) return nullptr;
+  int device = 0;
+  void* p = cuda::device_block(bytes, &device);
+  return std::shared_ptr<void>(p, [bytes, device](void* q) { cuda::release_block(q, bytes, device); });
 }
 
 }  // namespace
@@ -92,14 +86,14 @@ Tensor CudaBackend::zeros(TType type, const std::vector<int64_t>& shape) {
 Tensor CudaBackend::from_host_f32(const std::vector<float>& v, const std::vector<int64_t>& shape) {
   Tensor t = alloc(TType::kF32, shape);
   DI_CHECK(static_cast<int64_t>(v.size()) == t.numel());
-  if (!v.empty()) DI_CUDA_CHECK(cudaMemcpy(t.data, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  cuda::upload_bytes(t.data, v.data(), v.size() * 4);
   return t;
 }
 
 Tensor CudaBackend::from_host_i32(const std::vector<int32_t>& v, const std::vector<int64_t>& shape) {
   Tensor t = alloc(TType::kI32, shape);
   DI_CHECK(static_cast<int64_t>(v.size()) == t.numel());
-  if (!v.empty()) DI_CUDA_CHECK(cudaMemcpy(t.data, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  cuda::upload_bytes(t.data, v.data(), v.size() * 4);
   return t;
 }
 

@@ -1,6 +1,5 @@
-// Per-call device scratch for the CUDA ops: stream-ordered (cudaMallocAsync / cudaFreeAsync on the
-// default stream), so freeing it never synchronizes the device the way cudaFree does. The default
-// memory pool keeps freed memory (release threshold = max), so steady-state calls allocate nothing.
+// Per-call device scratch for the CUDA ops: blocks of the backend's stream-ordered cache
+// (device_memory.cuh), so taking and returning one costs no driver call in steady state.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,55 +10,41 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/device_memory.cuh"
 
 namespace di::cuda {
 
-inline void keep_pool_memory() {
-  static const bool done = [] {
-    int dev = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&dev));
-    cudaMemPool_t pool{};
-    DI_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
-    uint64_t threshold = UINT64_MAX;
-    DI_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-    return true;
-  }();
-  (void)done;
-}
-
 class Scratch {
  public:
-  explicit Scratch(size_t bytes) {
-    if (bytes == 0) return;
-    keep_pool_memory();
-    cudaError_t err = cudaMallocAsync(&p_, bytes, 0);
-    if (err != cudaSuccess)
-      throw Error("GPU out of memory allocating " + std::to_string(bytes) + " scratch bytes: " + cudaGetErrorString(err));
+  explicit Scratch(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) p_ = device_block(bytes, &device_);
   }
   Scratch() = default;
-  Scratch(Scratch&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  Scratch(Scratch&& o) noexcept : p_(o.p_), bytes_(o.bytes_), device_(o.device_) { o.p_ = nullptr; }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   Scratch& operator=(Scratch&& o) noexcept {
     std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(device_, o.device_);
     return *this;
   }
-  ~Scratch() {
-    if (p_) DI_CUDA_CHECK(cudaFreeAsync(p_, 0));
-  }
+  ~Scratch() { release_block(p_, bytes_, device_); }
   template <typename T>
   T* as() const { return static_cast<T*>(p_); }
 
  private:
   void* p_ = nullptr;
+  size_t bytes_ = 0;
+  int device_ = 0;
 };
 
-// A small host vector copied to the device on the default stream (pageable source: the copy is
-// staged before cudaMemcpyAsync returns, so `v` may die right after).
+// A small host vector copied to the device on the default stream (through pinned staging, so `v`
+// may die right after).
 template <typename T>
 Scratch upload(const std::vector<T>& v) {
   Scratch s(v.size() * sizeof(T));
-  if (!v.empty()) DI_CUDA_CHECK(cudaMemcpyAsync(s.as<T>(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, 0));
+  upload_bytes(s.as<T>(), v.data(), v.size() * sizeof(T));
   return s;
 }
 

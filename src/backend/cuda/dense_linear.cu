@@ -75,7 +75,7 @@ __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, u
 // `inline_splits` K ranges of the plan, each into fresh accumulators, and adds them in split order
 // from zero, as mma::sum_splits adds the partials of split CTAs: the same result bits.
 template <mma::WFmt F, int NT, bool kInlineSplits>
-__global__ void __launch_bounds__(mma::kThreads)
+__global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     quantized_linear_kernel(mma::ActSource src, int M, const uint8_t* __restrict__ w,
                             const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int kb_per_split,
                             int inline_splits, bool fixup, float* __restrict__ partial,

@@ -5,7 +5,6 @@
 
 namespace di::cuda::dense {
 
-using cuda::keep_pool_memory;
 using cuda::Scratch;
 using cuda::upload;
 

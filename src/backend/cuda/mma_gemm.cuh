@@ -35,6 +35,10 @@ inline constexpr int kWarpRows = 32;                  // output features per war
 inline constexpr int kCtaRows = kWarps * kWarpRows;   // output features per CTA
 inline constexpr int kMaxNt = 8;                      // n8 token tiles per warp
 inline constexpr int kTokTile = 8 * kMaxNt;           // tokens per CTA pass
+// CTAs per SM the GEMM kernels are compiled for (register cap 65536 / (128 x this)): the weight
+// stream needs bytes in flight, i.e. resident warps, more than it needs registers for addresses.
+template <int NT>
+inline constexpr int kMinCtas = NT <= 2 ? 3 : 2;
 
 enum class WFmt { kFp8Block, kFp4Row };
 

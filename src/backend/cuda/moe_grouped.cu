@@ -113,7 +113,7 @@ struct GroupedMat {
 };
 
 template <int NT, bool kInlineSplits>
-__global__ void __launch_bounds__(mma::kThreads)
+__global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     grouped_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, const int32_t* __restrict__ act_row_of,
                        RouteLists l, GroupedMat m0, GroupedMat m1, int row_ctas, int N, int K, int n_rows,
                        int kb_per_split, int inline_splits, float* __restrict__ partial,

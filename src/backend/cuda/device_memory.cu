@@ -1,0 +1,123 @@
+// device_memory.cuh: the block cache and the upload staging ring, one of each per device.
+#include <array>
+#include <bit>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/device_memory.cuh"
+
+namespace di::cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// Powers of two up to 4 MB (at most 2x the request), then 2 MB steps.
+size_t size_class(size_t bytes) {
+  constexpr size_t kPow2Max = size_t{4} << 20, kStep = size_t{2} << 20;
+  if (bytes <= 256) return 256;
+  if (bytes <= kPow2Max) return std::bit_ceil(bytes);
+  return (bytes + kStep - 1) / kStep * kStep;
+}
+
+struct BlockCache {
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<void*>> free;  // size class -> blocks
+};
+
+// Staging for uploads: two halves of pinned memory; a half is refilled only after the copies issued
+// from it have run (an event recorded when the ring left it).
+struct UploadRing {
+  static constexpr size_t kHalf = size_t{4} << 20;
+  std::mutex mu;
+  uint8_t* host = nullptr;
+  size_t used = 0;  // bytes of the current half
+  int half = 0;
+  cudaEvent_t left[2]{};
+  bool pending[2]{};
+};
+
+// Never destroyed: tensors may be freed at exit, after static destructors.
+template <class T>
+T& per_device(int device) {
+  static auto* all = new std::array<T, kMaxDevices>();
+  DI_CHECK_MSG(device >= 0 && device < kMaxDevices, "CUDA device index out of range");
+  return (*all)[static_cast<size_t>(device)];
+}
+
+int current_device() {
+  int d = 0;
+  DI_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+}  // namespace
+
+void* device_block(size_t bytes, int* device) {
+  const size_t cls = size_class(bytes);
+  *device = current_device();
+  BlockCache& c = per_device<BlockCache>(*device);
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.free.find(cls);
+    if (it != c.free.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      return p;
+    }
+  }
+  void* p = nullptr;
+  if (cudaMalloc(&p, cls) == cudaSuccess) return p;
+  (void)cudaGetLastError();
+  // out of memory: give every cached block back (cudaFree waits for the device) and try once more
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto& [size, blocks] : c.free)
+      for (void* q : blocks) DI_CUDA_CHECK(cudaFree(q));
+    c.free.clear();
+  }
+  const cudaError_t err = cudaMalloc(&p, cls);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error("GPU out of memory allocating " + std::to_string(bytes) + " bytes: " + cudaGetErrorString(err));
+  }
+  return p;
+}
+
+void release_block(void* p, size_t bytes, int device) {
+  if (!p) return;
+  BlockCache& c = per_device<BlockCache>(device);
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.free[size_class(bytes)].push_back(p);
+}
+
+void upload_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (bytes > UploadRing::kHalf / 4) {  // large (prefill lists): the driver's own staging
+    DI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return;
+  }
+  UploadRing& r = per_device<UploadRing>(current_device());
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.host) {
+    DI_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&r.host), 2 * UploadRing::kHalf, cudaHostAllocPortable));
+    for (cudaEvent_t& e : r.left) DI_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  size_t at = (r.used + 15) & ~size_t{15};
+  if (at + bytes > UploadRing::kHalf) {
+    DI_CUDA_CHECK(cudaEventRecord(r.left[r.half], 0));
+    r.pending[r.half] = true;
+    r.half ^= 1;
+    if (r.pending[r.half]) DI_CUDA_CHECK(cudaEventSynchronize(r.left[r.half]));  // its copies have run
+    at = 0;
+  }
+  uint8_t* slot = r.host + static_cast<size_t>(r.half) * UploadRing::kHalf + at;
+  std::memcpy(slot, src, bytes);
+  DI_CUDA_CHECK(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, 0));
+  r.used = at + bytes;
+}
+
+}  // namespace di::cuda

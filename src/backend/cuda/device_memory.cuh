@@ -1,0 +1,27 @@
+// Device memory of the CUDA backend's tensors and per-call scratch, and the small host-to-device
+// copies its ops make per call -- the host-side costs that bound a small decode step.
+//
+// Blocks are cached on the host by size class and reused in stream order: every op runs on the
+// default stream, so a block freed on the host can go to the next op at once (its kernels queue
+// behind the ones still reading it). A free-list pop / push replaces cudaMallocAsync /
+// cudaFreeAsync, about a microsecond of host time each, for the hundreds of tensors of a step.
+//
+// Uploads go through a pinned staging ring: from pageable memory the driver stages the copy itself
+// (and may wait for the stream); from pinned memory cudaMemcpyAsync returns at once.
+#pragma once
+
+#include <cstddef>
+
+namespace di::cuda {
+
+// A device block of at least `bytes` (> 0) on the current device, from the cache or the driver;
+// throws di::Error when the device is out of memory (after giving the cached blocks back).
+void* device_block(size_t bytes, int* device);
+// Returns a block of device_block(bytes, &device) to the cache of `device`.
+void release_block(void* p, size_t bytes, int device);
+
+// dst (device) <- src (host, `bytes`), ordered on the default stream; `src` may be reused as soon
+// as this returns.
+void upload_bytes(void* dst, const void* src, size_t bytes);
+
+}  // namespace di::cuda
