@@ -130,7 +130,7 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
   int64_t list_width = 0;
   if (ls.ratio > 0) {
     if (ls.mode == AttnMode::kFull)
-      for (size_t pi = 0; pi < batch.parts.size(); ++pi) compress(layer, r, static_cast<int>(pi), batch);
+      compress(layer, r, batch);
     kv_more = kv_pool_->comp(ls.kv_source);
     if (batched_indexer()) {
       lists = {compressed_branch_batch(layer, r, batch)};
@@ -245,72 +245,92 @@ Tensor Model::attention_output(int layer, Tensor& o, const std::vector<int64_t>&
   return backend_.linear(z, a.wo_b);                               // [n, D]
 }
 
-void Model::compress(int layer, const AttnRows& r, int part, Batch& batch) {
+void Model::compress(int layer, const AttnRows& r, Batch& batch) {
   const AttentionWeights& a = w_.layers[layer].attn;
-  const BatchPart& p = batch.parts[part];
-  LayerCache& cache = p.state->layers[layer];
   Backend& be = backend_;
   const float eps = static_cast<float>(cfg_.norm_eps);
   const int ratio = cfg_.layers[layer].ratio, dh = cfg_.head_dim, rd = cfg_.rope_dim, ihd = cfg_.index_head_dim;
-  DI_CHECK(p.cur.rows == p.n);  // Full layers run on every row
-  const int64_t start = p.start, end = start + p.n, compress_len = end / ratio;
-  const int64_t g0 = start / ratio;  // groups completed by this chunk: g0 .. compress_len - 1
-  // groups below keep_global_before keep the rows the prefix cache wrote
-  const int64_t gw = std::max(g0, p.options.keep_global_before / ratio), ng = std::max<int64_t>(0, compress_len - gw);
-  Tensor latent;  // [ng, Dh] pre-RoPE latent
-  if (ratio == 1) {
-    if (ng > 0) latent = rows_of(be, r.comp_kv, p.cur.row0 + (gw - start), ng);  // a copy: roped in place below
-  } else {
-    Tensor kvf = row_view(r.comp_kv, p.cur.row0, p.n), score = row_view(r.comp_score, p.cur.row0, p.n);
-    if (ng > 0) {
-      // members of the completed groups: the pending tail, then this chunk's rows
-      Tensor mk = be.alloc(TType::kF32, {ng * ratio, dh}), ms = be.alloc(TType::kF32, {ng * ratio, dh});
-      // one copy per contiguous run (tail slots up to a wrap, then the chunk): launches, not rows, cost
-      const int64_t t0 = gw * ratio, t1 = compress_len * ratio;
+  // the groups each part completes: gw .. gw + ng - 1, latent rows at .. at + ng - 1 of the batch
+  struct Groups {
+    int64_t gw = 0, ng = 0, at = 0;
+  };
+  std::vector<Groups> groups(batch.parts.size());
+  int64_t total = 0;
+  for (size_t pi = 0; pi < batch.parts.size(); ++pi) {
+    const BatchPart& p = batch.parts[pi];
+    DI_CHECK(p.cur.rows == p.n && p.state->pool == kv_pool_);  // Full layers run on every row
+    const int64_t compress_len = (p.start + p.n) / ratio, g0 = p.start / ratio;
+    // groups below keep_global_before keep the rows the prefix cache wrote
+    const int64_t gw = std::max(g0, p.options.keep_global_before / ratio);
+    groups[pi] = {gw, std::max<int64_t>(0, compress_len - gw), total};
+    total += groups[pi].ng;
+  }
+  Tensor latent, mk, ms;  // [total, Dh] pre-RoPE latents; ratio > 1: their members [total * ratio, Dh]
+  if (total > 0 && ratio == 1) latent = be.alloc(TType::kF32, {total, dh});
+  if (total > 0 && ratio > 1) {
+    mk = be.alloc(TType::kF32, {total * ratio, dh});
+    ms = be.alloc(TType::kF32, {total * ratio, dh});
+  }
+  std::vector<int64_t> gpos, slots;  // per latent row: its group's first token, its pool row
+  for (size_t pi = 0; pi < batch.parts.size(); ++pi) {
+    const BatchPart& p = batch.parts[pi];
+    const Groups& g = groups[pi];
+    LayerCache& cache = p.state->layers[layer];
+    const int64_t start = p.start, end = start + p.n, compress_len = end / ratio;
+    if (ratio == 1) {
+      if (g.ng > 0) be.copy_rows(latent, g.at, r.comp_kv, p.cur.row0 + (g.gw - start), g.ng);
+    } else {
+      Tensor kvf = row_view(r.comp_kv, p.cur.row0, p.n), score = row_view(r.comp_score, p.cur.row0, p.n);
+      // members of the completed groups: the pending tail, then this chunk's rows; one copy per
+      // contiguous run (tail slots up to a wrap, then the chunk): launches, not rows, cost
+      const int64_t t0 = g.gw * ratio, t1 = compress_len * ratio, m0 = g.at * ratio;
       for (int64_t t = t0; t < t1;) {
         if (t < start) {
           const int64_t run = std::min({t1, start, t + ratio - t % ratio}) - t;
-          be.copy_rows(mk, t - t0, cache.tail_kv, t % ratio, run);
-          be.copy_rows(ms, t - t0, cache.tail_score, t % ratio, run);
+          be.copy_rows(mk, m0 + t - t0, cache.tail_kv, t % ratio, run);
+          be.copy_rows(ms, m0 + t - t0, cache.tail_score, t % ratio, run);
           t += run;
         } else {
-          be.copy_rows(mk, t - t0, kvf, t - start, t1 - t);
-          be.copy_rows(ms, t - t0, score, t - start, t1 - t);
+          be.copy_rows(mk, m0 + t - t0, kvf, t - start, t1 - t);
+          be.copy_rows(ms, m0 + t - t0, score, t - start, t1 - t);
           t = t1;
         }
       }
-      latent = be.softmax_pool(mk, ms, ratio);
-      be.round_bf16(latent);
-      latent = be.rmsnorm(latent, a.comp_norm, eps);
+      for (int64_t t = std::max(start, compress_len * ratio); t < end;) {  // new pending tokens, by runs
+        const int64_t run = std::min(end, t + ratio - t % ratio) - t;
+        be.copy_rows(cache.tail_kv, t % ratio, kvf, t - start, run);
+        be.copy_rows(cache.tail_score, t % ratio, score, t - start, run);
+        t += run;
+      }
+      // a step short enough to be rolled back keeps its inputs (see rollback_state)
+      const bool keep_step = p.n <= cfg_.window;
+      cache.step_kv = keep_step ? kvf : Tensor{};
+      cache.step_score = keep_step ? score : Tensor{};
     }
-    for (int64_t t = std::max(start, compress_len * ratio); t < end;) {  // new pending tokens, by runs
-      const int64_t run = std::min(end, t + ratio - t % ratio) - t;
-      be.copy_rows(cache.tail_kv, t % ratio, kvf, t - start, run);
-      be.copy_rows(cache.tail_score, t % ratio, score, t - start, run);
-      t += run;
-    }
-    // a step short enough to be rolled back keeps its inputs (see rollback_state)
-    const bool keep_step = p.n <= cfg_.window;
-    cache.step_kv = keep_step ? kvf : Tensor{};
-    cache.step_score = keep_step ? score : Tensor{};
+    if (compress_len > start / ratio) p.state->index_keys_layer = layer;  // this layer published keys this step
+    if (g.ng == 0) continue;
+    for (int64_t j = 0; j < g.ng; ++j) gpos.push_back((g.gw + j) * ratio);  // a latent stands for its group's first token
+    prepare_global_write(*p.state, g.gw * ratio, compress_len * ratio);
+    const std::vector<int64_t> s = global_slots(*p.state, layer, g.gw, g.ng);
+    slots.insert(slots.end(), s.begin(), s.end());
+    cache.n_comp = std::max(cache.n_comp, compress_len);
+    batch.scratch[pi].invalidate(layer);
   }
-  if (compress_len > g0) p.state->index_keys_layer = layer;  // this layer published keys this step
-  if (ng == 0) return;
-  std::vector<int64_t> gpos(ng);
-  for (int64_t j = 0; j < ng; ++j) gpos[j] = (gw + j) * ratio;  // a latent stands for its group's first token
-  SequenceState& state = *p.state;
-  prepare_global_write(state, gw * ratio, compress_len * ratio);
-  const std::vector<int64_t> slots = global_slots(state, layer, gw, ng);
-  Tensor k = be.rmsnorm(be.linear(latent, a.idx_wk), a.idx_k_norm, eps);  // [ng, ihd]
+  batch.index_keys.erase(layer);
+  if (total == 0) return;
+  // every part's new rows at once: latents, index keys, both packed into the page pool
+  if (ratio > 1) {
+    latent = be.softmax_pool(mk, ms, ratio);
+    be.round_bf16(latent);
+    latent = be.rmsnorm(latent, a.comp_norm, eps);
+  }
+  Tensor k = be.rmsnorm(be.linear(latent, a.idx_wk), a.idx_k_norm, eps);  // [total, ihd]
   be.rope(k, 1, ihd, rd, gpos, rope_[layer], false);
   be.qdq(k, RowFormat::kFp4Ue8m0);
-  be.pack_rows(k, RowFormat::kFp4Ue8m0, state.pool->index_keys(layer), slots);
+  be.pack_rows(k, RowFormat::kFp4Ue8m0, kv_pool_->index_keys(layer), slots);
   be.rope(latent, 1, dh, rd, gpos, rope_[layer], false);
   be.qdq(latent, RowFormat::kFp4E4m3);
-  be.pack_rows(latent, RowFormat::kFp4E4m3, state.pool->comp(layer), slots);
-  cache.n_comp = std::max(cache.n_comp, compress_len);
-  batch.scratch[part].invalidate(layer);
-  batch.index_keys.erase(layer);
+  be.pack_rows(latent, RowFormat::kFp4E4m3, kv_pool_->comp(layer), slots);
 }
 
 Tensor Model::compressed_branch_batch(int layer, const AttnRows& r, Batch& batch) {

@@ -141,9 +141,9 @@ class Model {
   // Every part's last min(rows, window) current rows of kv into its window ring, one launch.
   static void write_windows(Backend& be, const Tensor& kv, const Batch& batch, const std::vector<Tensor>& rings,
                             int64_t window);
-  // Full layers: the compressor over one sequence's rows (pending tail, completed groups -> packed
-  // compressed KV and index keys).
-  void compress(int layer, const AttnRows& a, int part, Batch& batch);
+  // Full layers: the compressor over every sequence's rows (pending tails, completed groups ->
+  // packed compressed KV and index keys; the latents of all sequences projected and packed at once).
+  void compress(int layer, const AttnRows& a, Batch& batch);
   // Compressed branch of a ratio > 0 layer for one sequence's query rows: their top-k lists of its
   // compressed row ids ([q rows, k] I32, -1 = none).
   Tensor compressed_branch(int layer, const AttnRows& a, int part, Batch& batch);
