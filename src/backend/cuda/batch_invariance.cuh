@@ -70,16 +70,16 @@ inline constexpr int64_t kMaxSplitPartialBytes = int64_t{256} << 20;
 // the GPU, capacity_nt1 = those of the nt = 1 kernel.
 inline dense::SplitPlan linear_k_split(bool invariant, int64_t row_ctas, int64_t chunks, int64_t nb, int nt,
                                        int64_t capacity, int64_t capacity_nt1) {
-  if (invariant) return dense::plan_split(row_ctas, nb, 1, capacity_nt1);
-  return dense::plan_split(row_ctas * chunks, nb, nt, capacity);
+  if (invariant) return dense::plan_split(row_ctas, nb, 1, capacity_nt1, 1);
+  return dense::plan_split(row_ctas * chunks, nb, nt, capacity, 1);
 }
 
 // K split of a grouped expert GEMM: tiles = mats x ceil(N/128) per expert slot; slots = min(E, M k)
 // (grid z), one_row_slots = min(E, k).
 inline dense::SplitPlan grouped_k_split(bool invariant, int64_t tiles, int64_t slots, int64_t one_row_slots,
                                         int64_t nb, int nt, int64_t capacity, int64_t capacity_nt1) {
-  if (invariant) return dense::plan_split(tiles * one_row_slots, nb, 1, capacity_nt1);
-  return dense::plan_split(tiles * slots, nb, nt, capacity);
+  if (invariant) return dense::plan_split(tiles * one_row_slots, nb, 1, capacity_nt1, 2);
+  return dense::plan_split(tiles * slots, nb, nt, capacity, 2);
 }
 
 // Whether a plan's K splits run on separate CTAs (partials in the workspace, summed in split order by

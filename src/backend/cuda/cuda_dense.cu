@@ -78,6 +78,7 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, int64_t S, int64_t n
   const float var = __fdiv_rn(dot, static_cast<float>(n));
   const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
   float* yr = y + row * n;
+#pragma unroll 8  // loads of 8 iterations in flight, not one round trip per 32 values
   for (int64_t i = lane; i < n; i += 32) yr[i] = cuda::dq::round_bf16(__fmul_rn(weight_value<kD>(w, i), __fmul_rn(xr[i], inv)));
 }
 
@@ -117,14 +118,16 @@ __global__ void scale_bf16_kernel(float* __restrict__ x, int64_t n, float factor
 // ---- qdq / packed rows ------------------------------------------------------------------------------
 
 // [S rows] one warp per row (n % 32 == 0), in place: 8 B per value.
-__global__ void qdq_warp_kernel(float* __restrict__ x, int64_t S, int n, RowFormat f) {
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (row >= S) return;
-  float* p = x + row * n;
+// One warp per 32 values (n % 32 == 0; every format's blocks divide 32, so a segment is quantized
+// alone exactly as inside its row), in place.
+__global__ void qdq_warp_kernel(float* __restrict__ x, int64_t segments, RowFormat f) {
+  const int64_t seg = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (seg >= segments) return;
+  float* p = x + seg * 32;
   switch (f) {
-    case RowFormat::kFp8Ue8m0: cuda::dq::warp_fp8_ue8m0_qdq_row(p, p, n); break;
-    case RowFormat::kFp4E4m3: cuda::dq::warp_fp4_e4m3_qdq_row(p, p, n); break;
-    case RowFormat::kFp4Ue8m0: cuda::dq::warp_fp4_ue8m0_qdq_row(p, p, n); break;
+    case RowFormat::kFp8Ue8m0: cuda::dq::warp_fp8_ue8m0_qdq_row(p, p, 32); break;
+    case RowFormat::kFp4E4m3: cuda::dq::warp_fp4_e4m3_qdq_row(p, p, 32); break;
+    case RowFormat::kFp4Ue8m0: cuda::dq::warp_fp4_ue8m0_qdq_row(p, p, 32); break;
   }
 }
 
@@ -138,17 +141,21 @@ __global__ void qdq_fp4_e4m3_block_kernel(float* __restrict__ x, int64_t nblocks
   for (int i = 0; i < 16; ++i) p[i] = cuda::dq::fp4_qdq_value(p[i], s);
 }
 
-// [S rows] one warp per row (n % 32 == 0): 4 B read per value, packed_row_bytes written per row to
-// rows[r] (the cache row of any cache; nullptr: row r is not written).
+// [S rows] one warp per 32 values of a row (n % 32 == 0): 4 B read per value, its codes and scales
+// written into rows[r] (the cache row of any cache; nullptr: row r is not written), as the row
+// quantizer writes them.
 __global__ void pack_warp_kernel(const float* __restrict__ x, int64_t S, int n, RowFormat f, uint8_t* const* __restrict__ rows) {
-  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t seg = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int per_row = n / 32;
+  const int64_t r = seg / per_row;
   if (r >= S || rows[r] == nullptr) return;
-  const float* p = x + r * n;
+  const int j = static_cast<int>(seg % per_row);
+  const float* p = x + r * n + 32 * j;
   uint8_t* row = rows[r];
   switch (f) {
-    case RowFormat::kFp8Ue8m0: cuda::dq::warp_fp8_ue8m0_quant_row(p, n, row, row + n); break;
-    case RowFormat::kFp4E4m3: cuda::dq::warp_fp4_e4m3_quant_row(p, n, row, row + n / 2); break;
-    case RowFormat::kFp4Ue8m0: cuda::dq::warp_fp4_ue8m0_quant_row(p, n, row, row + n / 2); break;
+    case RowFormat::kFp8Ue8m0: cuda::dq::warp_fp8_ue8m0_quant_row(p, 32, row + 32 * j, row + n + j); break;
+    case RowFormat::kFp4E4m3: cuda::dq::warp_fp4_e4m3_quant_row(p, 32, row + 16 * j, row + n / 2 + 2 * j); break;
+    case RowFormat::kFp4Ue8m0: cuda::dq::warp_fp4_ue8m0_quant_row(p, 32, row + 16 * j, row + n / 2 + j); break;
   }
 }
 
@@ -272,7 +279,7 @@ void CudaBackend::qdq(Tensor& x, RowFormat format) {
   DI_CHECK(x.type == TType::kF32 && n % row_block(format) == 0 && n < (1LL << 31));
   if (s * n == 0) return;
   if (n % 32 == 0) {
-    qdq_warp_kernel<<<static_cast<int>(blocks_for(s * 32, kThreads)), kThreads>>>(x.f32(), s, static_cast<int>(n), format);
+    qdq_warp_kernel<<<static_cast<int>(blocks_for(s * n, kThreads)), kThreads>>>(x.f32(), s * n / 32, format);
   } else {  // kFp4E4m3, n % 32 == 16
     qdq_fp4_e4m3_block_kernel<<<static_cast<int>(blocks_for(s * n / 16, kThreads)), kThreads>>>(x.f32(), s * n / 16);
   }
@@ -289,8 +296,8 @@ void pack_to_rows(const Tensor& x, RowFormat format, const std::vector<uint8_t*>
   if (s == 0 || n == 0) return;
   Scratch drows = upload(rows);
   if (n % 32 == 0)
-    pack_warp_kernel<<<static_cast<int>(blocks_for(s * 32, kThreads)), kThreads>>>(x.f32(), s, static_cast<int>(n), format,
-                                                                                   drows.as<uint8_t*>());
+    pack_warp_kernel<<<static_cast<int>(blocks_for(s * n, kThreads)), kThreads>>>(x.f32(), s, static_cast<int>(n), format,
+                                                                                  drows.as<uint8_t*>());
   else  // kFp4E4m3, n % 32 == 16
     pack_fp4_e4m3_serial_kernel<<<static_cast<int>(blocks_for(s, kThreads)), kThreads>>>(x.f32(), s, static_cast<int>(n),
                                                                                          drows.as<uint8_t*>());

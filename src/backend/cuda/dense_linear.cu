@@ -384,14 +384,17 @@ void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes
   DI_CUDA_LAUNCH_CHECK();
 }
 
-SplitPlan plan_split(int64_t tiles, int64_t nb, int nt, int64_t capacity) {
+SplitPlan plan_split(int64_t tiles, int64_t nb, int nt, int64_t capacity, int waves) {
   SplitPlan p;
-  // Split K only while the split CTAs still fit in one wave of resident CTAs (a partly filled second
-  // wave costs more than it gives), each split keeping >= max(8, 2 nt) K blocks so its weight bytes
-  // outweigh its partial sums.
-  if (tiles < capacity && nb > 1) {
+  // Split K until the CTAs fill `waves` waves of resident CTAs, each split keeping >= max(8, 2 nt)
+  // K blocks so its weight bytes outweigh its partial sums. Measured on the H200 (bench/RESULTS.md):
+  // the dense linears are fastest at one wave (a partly filled second costs more than it gives:
+  // wq_b at 64 rows 60.6 -> 79.4 us at two), the grouped experts at two (a tile streams its rows
+  // with about one stage in flight per warp; MoE at batch 1 214.8 -> 204.0 us).
+  if (tiles < waves * capacity && nb > 1) {
     const int64_t min_kb = std::max(8, 2 * nt);
-    p.splits = static_cast<int>(std::clamp<int64_t>(capacity / tiles, 1, std::max<int64_t>(1, nb / min_kb)));
+    p.splits = static_cast<int>(
+        std::clamp<int64_t>(waves * capacity / tiles, 1, std::max<int64_t>(1, nb / min_kb)));
   }
   p.kb_per_split = static_cast<int>((nb + p.splits - 1) / p.splits);
   // splits start on 4-aligned K blocks, so a tile loads its MXFP4 scales as 32-bit words

@@ -25,7 +25,8 @@ struct SplitPlan {
   int splits = 1;
   int kb_per_split = 0;
 };
-SplitPlan plan_split(int64_t tiles, int64_t nb, int nt, int64_t capacity);
+// waves: resident waves of CTAs the splits may fill (1 for dense linears, 2 for grouped experts).
+SplitPlan plan_split(int64_t tiles, int64_t nb, int nt, int64_t capacity, int waves);
 
 // n8 token tiles per warp for up to `tokens` tokens per tile (1, 2, 4 or 8).
 int nt_for(int64_t tokens);
