@@ -1,7 +1,8 @@
 // sparse_attention's key tensors: keys split into kv and kv_more give the same bits as the keys in
 // one tensor, kv_more as packed cache rows (the compressed KV read from the page pool) the same bits
 // as those rows unpacked, and a -1 after a row's last entry (the batch's lists are padded to one
-// width) changes nothing. map_paged_rows maps row ids through page tables.
+// width) changes nothing. map_paged_rows maps row ids through page tables. index_scores reads each
+// row's keys from its own offset (the batched indexer).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -77,12 +78,6 @@ TEST(MapPagedRows, RowIdsGoThroughEachRowsPageTable) {
   EXPECT_EQ(be->to_host_i32(idx), (std::vector<int32_t>{10 + 20, 10 + 8 + 3, -1, 10 + 3, 10 + 12 + 1, 10 + 28,
                                                         10 + 12 + 3, -1, 10 + 0}));
 }
-
-}  // namespace
-}  // namespace di
-
-namespace di {
-namespace {
 
 // index_scores with key offsets (several sequences' keys in one tensor): each row's scores are the
 // bits it gets against its own sequence's keys alone; the output is max(visible) wide, -inf after
