@@ -127,9 +127,9 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   constexpr int U = kStageBlocks<F, NT>;
   constexpr bool kFp8 = F == WFmt::kFp8Block;
   constexpr int W = kFp8 ? 2 : 1;  // 32-bit weight words per (block, row) per lane
-  // scale words per stage: FP8 one byte per block (the warp's 32-row block); FP4 the U bytes of
-  // each of the lane's 4 rows, packed 4 to a word
-  constexpr int SW = kFp8 ? U : 4 * (U / 4);
+  // scale registers per stage, U either way: FP8 one byte per block (the warp's 32-row block), one per
+  // register; FP4 the U bytes of each of the lane's 4 rows, packed 4 to a register
+  constexpr int SW = U;
   static_assert(kFp8 || U % 4 == 0, "FP4 stages hold whole scale words");
   __shared__ __align__(16) uint8_t sx[Shape::kRows * S];
   __shared__ float ss[Shape::kRows * SS];
