@@ -17,6 +17,7 @@ constexpr int kDotThreads = 256;   // hc_mixes_dots: one CTA per (K chunk, row)
 constexpr int kDotWarps = kDotThreads / 32;
 constexpr int kDotAcc = 24;        // fp64 accumulators per thread per pass over the chunk (mix = 24 at hc 4)
 constexpr int kFinThreads = 128;   // hc_mixes_finish: >= mix and >= hc * hc (80 and 64 at hc 8)
+constexpr int kFinStage = 2048;    // hc_mixes_finish: partials staged per pass (16 KB; >= mix)
 
 __device__ __forceinline__ float sigmoid_ref(float x) {
   return __fdiv_rn(1.0f, __fadd_rn(1.0f, cuda::attn::exp_ref(-x)));
@@ -25,7 +26,7 @@ __device__ __forceinline__ float sigmoid_ref(float x) {
 // Stage 1, grid (splits + 1, rows). CTA (c < splits, r): the fp64 dot products of x[r, chunk c] with
 // the mix rows of fn over that chunk (products exact in fp64), summed per thread, then across the CTA
 // in a fixed order, into part[r, c, mix]. CTA (splits, r): the row's mean square, cpu::dot's exact
-// fp32 order (one warp, overlapping the dot CTAs), into rs[r] = 1 / sqrt(ss / n + eps).
+// fp32 order (the whole CTA, overlapping the dot CTAs), into rs[r] = 1 / sqrt(ss / n + eps).
 // fn [mix, n] is read once per row group (L2-resident across rows), x once per CTA.
 __global__ void hc_mixes_dots_kernel(const float* __restrict__ x, int64_t n, int mix, int64_t chunk, int splits,
                                      const uint8_t* fn, WType fn_t, float norm_eps, double* __restrict__ part,
@@ -34,8 +35,7 @@ __global__ void hc_mixes_dots_kernel(const float* __restrict__ x, int64_t n, int
   const float* xr = x + r * n;
   const int c = blockIdx.x;
   if (c == splits) {
-    if (threadIdx.x >= 32) return;
-    const float ss = cuda::warp_sum_squares_exact(xr, n);
+    const float ss = cuda::block_sum_squares_exact<kDotThreads>(xr, n);
     if (threadIdx.x == 0) {
       const float var = __fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), norm_eps);
       rs[r] = __fdiv_rn(1.0f, __fsqrt_rn(var));
@@ -84,13 +84,29 @@ __global__ void hc_mixes_finish_kernel(const double* __restrict__ part, const fl
   const int t = threadIdx.x;
   __shared__ float m[(2 + kMaxHc) * kMaxHc];
   __shared__ float comb[kMaxHc * kMaxHc];
+  __shared__ double staged[kFinStage];
   const float rs = rs_in[r];
-  if (t < mix) {
-    const double* p = part + r * splits * mix + t;
-    double v = 0;
-    for (int c = 0; c < splits; ++c) v += p[c * mix];
-    m[t] = __fmul_rn(static_cast<float>(v), rs);
+  // The chunk sums in chunk order. The row's partials come through shared memory, a stage at a time
+  // with every load in flight (summing straight from global memory was a round trip per chunk).
+  const double* pr = part + r * splits * mix;
+  const int per_stage = kFinStage / mix;  // chunks per stage
+  double sum = 0;
+  for (int c0 = 0; c0 < splits; c0 += per_stage) {
+    const int total = min(per_stage, splits - c0) * mix, nc = total / mix;
+    for (int i0 = t; i0 < total; i0 += kFinThreads * 8) {  // 8 loads in flight per thread
+      double v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = i0 + j * kFinThreads < total ? pr[c0 * mix + i0 + j * kFinThreads] : 0.0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (i0 + j * kFinThreads < total) staged[i0 + j * kFinThreads] = v[j];
+    }
+    __syncthreads();
+    if (t < mix)
+      for (int c = 0; c < nc; ++c) sum += staged[c * mix + t];
+    __syncthreads();
   }
+  if (t < mix) m[t] = __fmul_rn(static_cast<float>(sum), rs);
   __syncthreads();
   float* o = out + r * mix;
   const float sc0 = cuda::attn::weight_elem(scale, scale_t, 0), sc1 = cuda::attn::weight_elem(scale, scale_t, 1),
@@ -114,26 +130,30 @@ __global__ void hc_mixes_finish_kernel(const double* __restrict__ part, const fl
   __syncthreads();
   if (own) comb[t] = v;
   __syncthreads();
-  auto col_norm = [&] {
+  // The Sinkhorn steps touch only the comb's threads: one warp's barrier when they fit in warp 0
+  // (hc <= 5), and each thread's hc operands load before its sequential sum.
+  const bool one_warp = hc * hc <= 32;
+  auto sync = [&] {
+    if (one_warp) __syncwarp();
+    else __syncthreads();
+  };
+  auto norm = [&](int first, int step) {  // v /= (sum of comb[first + step q], q ascending) + eps
     if (own) {
+      float c[kMaxHc];
+#pragma unroll
+      for (int q = 0; q < kMaxHc; ++q) c[q] = q < hc ? comb[first + step * q] : 0.0f;
       float sum = 0;
-      for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, comb[q * hc + k]);
+#pragma unroll
+      for (int q = 0; q < kMaxHc; ++q)
+        if (q < hc) sum = __fadd_rn(sum, c[q]);
       v = __fdiv_rn(v, __fadd_rn(sum, hc_eps));
     }
-    __syncthreads();
+    sync();
     if (own) comb[t] = v;
-    __syncthreads();
+    sync();
   };
-  auto row_norm = [&] {
-    if (own) {
-      float sum = 0;
-      for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, comb[j * hc + q]);
-      v = __fdiv_rn(v, __fadd_rn(sum, hc_eps));
-    }
-    __syncthreads();
-    if (own) comb[t] = v;
-    __syncthreads();
-  };
+  auto col_norm = [&] { norm(k, hc); };
+  auto row_norm = [&] { norm(j * hc, 1); };
   col_norm();
   for (int it = 0; it + 1 < sinkhorn_iters; ++it) {
     row_norm();

@@ -42,7 +42,7 @@
 //  - moe_route: logits one warp per (expert, row) in fp64; 16-byte loads chosen by D and the base
 //    alignment (a row's offset is a multiple of 32 bytes when D % 8 == 0); selection one warp per row
 //    -> already invariant.
-//  - rmsnorm (one warp per row, the CPU's order), index_scores (one thread per (row, position), the
+//  - rmsnorm (one CTA per row, the CPU's order), index_scores (one thread per (row, position), the
 //    tile width from heads x hd), softmax_pool (serial per channel), engram_inject (one 256-thread CTA
 //    per (row, stream)) -> already invariant.
 //  - select_candidates, topk_indices (attn_topk.cu): exact selections (the chunk count follows the

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_scratch.cuh"
+#include "backend/cuda/fp4_layout.cuh"
 
 namespace di {
 
@@ -145,7 +146,7 @@ namespace cuda {
 int64_t weight_data_bytes(const Weight& w) {
   switch (w.mode) {
     case WeightMode::kFp8Block: return w.rows * w.cols;
-    case WeightMode::kFp4Expert: return w.rows * w.cols / 2;
+    case WeightMode::kFp4Expert: return fp4::data_bytes(w.rows, w.cols);  // tiled (fp4_layout.cuh)
     default: return w.rows * w.cols * static_cast<int64_t>(dtype_size(w.dtype));
   }
 }
@@ -154,7 +155,22 @@ int64_t weight_data_bytes(const Weight& w) {
 
 void CudaBackend::prepare(Weight& w) {
   // One device allocation: data bytes, then (FP8/FP4) the E8M0 scale bytes. Copied straight from
-  // the mmapped checkpoint, never staged through a second host copy.
+  // the mmapped checkpoint, never staged through a second host copy; MXFP4 goes through a device
+  // buffer into the tiled layout of the GEMM tiles (fp4_layout.cuh).
+  if (w.mode == WeightMode::kFp4Expert) {
+    DI_CHECK_MSG(w.scale != nullptr && (w.scale_rows == 0 || w.scale_rows == w.rows),
+                 "MXFP4 weight without one row of E8M0 scales per weight row");
+    const int64_t data = w.rows * w.cols / 2, scale = w.rows * w.scale_cols;
+    std::shared_ptr<void> rowmajor = tensor_alloc(static_cast<size_t>(data + scale));
+    uint8_t* staged = static_cast<uint8_t*>(rowmajor.get());
+    DI_CUDA_CHECK(cudaMemcpy(staged, w.data, data, cudaMemcpyHostToDevice));
+    DI_CUDA_CHECK(cudaMemcpy(staged + data, w.scale, scale, cudaMemcpyHostToDevice));
+    const int64_t tiled = cuda::fp4::data_bytes(w.rows, w.cols) + cuda::fp4::scale_bytes(w.rows, w.cols);
+    w.device = device_alloc(static_cast<size_t>(tiled));
+    cuda::fp4::tile(staged, staged + data, w.scale_cols, w.rows, w.cols, static_cast<uint8_t*>(w.device.get()));
+    weight_bytes_ += tiled;
+    return;  // the staging block returns to the cache in stream order, after the tiling kernels
+  }
   int64_t data = cuda::weight_data_bytes(w);
   int64_t scale = 0;
   if (w.scale) {

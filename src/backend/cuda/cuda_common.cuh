@@ -63,51 +63,66 @@ __device__ __forceinline__ float e2m1_to_float(uint8_t c) {
 
 // ---- exact reductions (device) ----------------------------------------------------------------------
 
-// cpu::dot(x, x, n) bit for bit, computed by one whole warp (every lane gets the result). The CPU sums
-// eight interleaved fp32 chains (chain j: x[8i + j]^2, i ascending), then a sequential tail, combined
-// as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)) + tail. Here the warp loads 32 consecutive floats per
-// step (lanes j, j+8, j+16, j+24 hold chain j's next four terms) and lane j < 8 adds them in order
-// after shuffles; loads run one batch ahead so the chain of n/8 dependent adds, not the memory
-// latency, sets the time. Padding beyond the multiple-of-8 part adds +0, which leaves a sum of squares
-// unchanged.
-__device__ __forceinline__ float warp_sum_squares_exact(const float* __restrict__ x, int64_t n) {
-  constexpr unsigned kAll = 0xffffffffu;
-  constexpr int kU = 16;  // 32-float groups per batch
-  const int lane = threadIdx.x & 31;
+// cpu::dot(x, x, n) bit for bit, computed by a whole CTA of kThreads threads; every thread gets the
+// result. The CPU sums eight interleaved fp32 chains (chain j: x[8i + j]^2, i ascending), then a
+// sequential tail, combined as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)) + tail. One warp alone was
+// latency-bound (a 512-float batch's 64 adds per chain take far less than a load's round trip), so
+// warps 1.. stage the row in shared memory piece by piece, every load of a piece in flight at once,
+// while lanes 0-7 of warp 0 run the chains over the previous piece: the time is the chain of n/8
+// dependent adds (~1.4 us at n = 5120, ~5.6 us at 20480). Call from every thread of the CTA, once.
+template <int kThreads>
+__device__ __forceinline__ float block_sum_squares_exact(const float* __restrict__ x, int64_t n) {
+  static_assert(kThreads % 32 == 0 && kThreads >= 64, "one chain warp and at least one loading warp");
+  constexpr int kPiece = 2048;  // floats per piece, a multiple of 8 (two pieces: 16 KB of shared memory)
+  __shared__ float piece[2][kPiece];
+  __shared__ float chains[9];  // eight chain sums, then the tail
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t n8 = n - n % 8;
-  float s = 0.0f;
-  float cur[kU], nxt[kU];
-  auto load = [&](float* v, int64_t base) {
+  const int64_t pieces = (n8 + kPiece - 1) / kPiece;
+  constexpr int kLoaders = kThreads - 32;  // warps 1..
+  constexpr int kLoads = (kPiece + kLoaders - 1) / kLoaders;
+  auto stage = [&](int64_t p) {  // by warps 1..: every load first, then the stores
+    float v[kLoads];
 #pragma unroll
-    for (int k = 0; k < kU; ++k) {
-      const int64_t i = base + 32 * k + lane;
-      const float t = i < n8 ? x[i] : 0.0f;
-      v[k] = __fmul_rn(t, t);
+    for (int k = 0; k < kLoads; ++k) {
+      const int i = threadIdx.x - 32 + k * kLoaders;
+      const int64_t g = p * kPiece + i;
+      v[k] = i < kPiece && g < n8 ? x[g] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      const int i = threadIdx.x - 32 + k * kLoaders;
+      if (i < kPiece) piece[p & 1][i] = v[k];
     }
   };
-  load(cur, 0);
-  for (int64_t base = 0; base < n8; base += 32 * kU) {
-    if (base + 32 * kU < n8) load(nxt, base + 32 * kU);
-#pragma unroll
-    for (int k = 0; k < kU; ++k) {
-      const float b = __shfl_down_sync(kAll, cur[k], 8);
-      const float c = __shfl_down_sync(kAll, cur[k], 16);
-      const float d = __shfl_down_sync(kAll, cur[k], 24);
-      s = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(s, cur[k]), b), c), d);
+  if (warp > 0 && pieces > 0) stage(0);
+  __syncthreads();
+  float s = 0.0f;
+  for (int64_t p = 0; p < pieces; ++p) {
+    if (warp > 0) {
+      if (p + 1 < pieces) stage(p + 1);
+    } else if (lane < 8) {
+      const float* src = piece[p & 1];
+      const int64_t left = n8 - p * kPiece;
+      const int len = left < kPiece ? static_cast<int>(left) : kPiece;  // a multiple of 8
+#pragma unroll 16
+      for (int i = lane; i < len; i += 8) s = __fadd_rn(s, __fmul_rn(src[i], src[i]));
     }
-#pragma unroll
-    for (int k = 0; k < kU; ++k) cur[k] = nxt[k];
+    __syncthreads();
   }
-  float tail = 0.0f;
-  if (lane == 0)
-    for (int64_t i = n8; i < n; ++i) tail = __fadd_rn(tail, __fmul_rn(x[i], x[i]));
-  float c[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) c[k] = __shfl_sync(kAll, s, k);
-  tail = __shfl_sync(kAll, tail, 0);
+  if (warp == 0) {
+    if (lane < 8) chains[lane] = s;
+    if (lane == 8) {
+      float tail = 0.0f;
+      for (int64_t i = n8; i < n; ++i) tail = __fadd_rn(tail, __fmul_rn(x[i], x[i]));
+      chains[8] = tail;
+    }
+  }
+  __syncthreads();
+  const float* c = chains;
   return __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0], c[1]), __fadd_rn(c[2], c[3])),
                              __fadd_rn(__fadd_rn(c[4], c[5]), __fadd_rn(c[6], c[7]))),
-                   tail);
+                   c[8]);
 }
 
 }  // namespace di::cuda

@@ -63,23 +63,40 @@ int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>(blocks_for(n
 
 // ---- rmsnorm ----------------------------------------------------------------------------------------
 
-// [S, n] one warp per row. The sum of squares reproduces cpu::dot(x, x, n) bit for bit
-// (cuda::warp_sum_squares_exact: coalesced loads one batch ahead, the CPU's eight fp32 chains on
-// lanes 0-7); then every lane scales its share of the row. Reads 8 B and writes 4 B per element (the
-// second read of x hits L1/L2); the time is the chain of n/8 dependent adds (~1.3 us at n = 5120).
+// [S, n] one CTA per row. The sum of squares reproduces cpu::dot(x, x, n) bit for bit
+// (cuda::block_sum_squares_exact: warps 1.. stage the row in shared memory while warp 0 runs the
+// CPU's eight fp32 chains); then every thread scales its share of the row. Reads 8 B and writes 4 B
+// per element (the second read of x hits L2); the time is the chain of n/8 dependent adds (~1.4 us
+// at n = 5120). One warp per row was latency-bound: 14.4 us at n = 5120 in ncu.
+constexpr int kNormThreads = 256;
+
 template <DType kD>
-__global__ void rmsnorm_kernel(const float* __restrict__ x, int64_t S, int64_t n, const uint8_t* __restrict__ w,
-                               float eps, float* __restrict__ y) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (row >= S) return;  // whole warps leave together
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_kernel(const float* __restrict__ x, int64_t n, const uint8_t* __restrict__ w, float eps,
+                   float* __restrict__ y) {
+  const int64_t row = blockIdx.x;
   const float* xr = x + row * n;
-  const float dot = cuda::warp_sum_squares_exact(xr, n);
+  float* yr = y + row * n;
+  // This thread's first kHeld elements and weights load before the sum, in flight beside it.
+  constexpr int kHeld = 24;  // rows up to 6144 wide need no second pass
+  float xv[kHeld], wv[kHeld];
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    const int64_t i = threadIdx.x + k * kNormThreads;
+    xv[k] = i < n ? xr[i] : 0.0f;
+    wv[k] = i < n ? weight_value<kD>(w, i) : 0.0f;
+  }
+  const float dot = cuda::block_sum_squares_exact<kNormThreads>(xr, n);
   const float var = __fdiv_rn(dot, static_cast<float>(n));
   const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
-  float* yr = y + row * n;
-#pragma unroll 8  // loads of 8 iterations in flight, not one round trip per 32 values
-  for (int64_t i = lane; i < n; i += 32) yr[i] = cuda::dq::round_bf16(__fmul_rn(weight_value<kD>(w, i), __fmul_rn(xr[i], inv)));
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    const int64_t i = threadIdx.x + k * kNormThreads;
+    if (i < n) yr[i] = cuda::dq::round_bf16(__fmul_rn(wv[k], __fmul_rn(xv[k], inv)));
+  }
+#pragma unroll 4
+  for (int64_t i = threadIdx.x + kHeld * kNormThreads; i < n; i += kNormThreads)
+    yr[i] = cuda::dq::round_bf16(__fmul_rn(weight_value<kD>(w, i), __fmul_rn(xr[i], inv)));
 }
 
 // ---- rope -------------------------------------------------------------------------------------------
@@ -234,12 +251,13 @@ Tensor CudaBackend::rmsnorm(const Tensor& x, const Weight& weight, float eps) {
   check_float_dtype(weight.dtype, "rmsnorm");
   Tensor y = alloc(TType::kF32, {s, n});
   if (s * n == 0) return y;
-  const int grid = static_cast<int>(blocks_for(s * 32, kThreads));  // one warp per row
+  DI_CHECK_MSG(s < (1LL << 31), "rmsnorm: too many rows");
+  const unsigned grid = static_cast<unsigned>(s);  // one CTA per row
   const uint8_t* w = cuda::wdata(weight);
   switch (weight.dtype) {
-    case DType::kBF16: rmsnorm_kernel<DType::kBF16><<<grid, kThreads>>>(x.f32(), s, n, w, eps, y.f32()); break;
-    case DType::kF16: rmsnorm_kernel<DType::kF16><<<grid, kThreads>>>(x.f32(), s, n, w, eps, y.f32()); break;
-    default: rmsnorm_kernel<DType::kF32><<<grid, kThreads>>>(x.f32(), s, n, w, eps, y.f32()); break;
+    case DType::kBF16: rmsnorm_kernel<DType::kBF16><<<grid, kNormThreads>>>(x.f32(), n, w, eps, y.f32()); break;
+    case DType::kF16: rmsnorm_kernel<DType::kF16><<<grid, kNormThreads>>>(x.f32(), n, w, eps, y.f32()); break;
+    default: rmsnorm_kernel<DType::kF32><<<grid, kNormThreads>>>(x.f32(), n, w, eps, y.f32()); break;
   }
   DI_CUDA_LAUNCH_CHECK();
   return y;

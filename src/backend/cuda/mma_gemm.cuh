@@ -17,7 +17,8 @@
 // 8-byte load; 4 lanes cover a row's 32-byte sector) and 8 of an activation row.
 //
 // MXFP4 weights (E2M1, per-row-per-32 E8M0 scales) are widened to E4M3 in registers (every E2M1
-// value is exact in E4M3): 4 packed bytes of a row give the lane's 8 codes.
+// value is exact in E4M3): 4 packed bytes of a row give the lane's 8 codes. They are stored tiled
+// (fp4_layout.cuh): a lane's 4 rows of a K block are one 16-byte load, its scales of 4 blocks another.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,9 +50,11 @@ __device__ __forceinline__ uint2 ld_stream8(const uint8_t* p) {
   return v;
 }
 
-__device__ __forceinline__ uint32_t ld_stream4(const uint8_t* p) {
-  uint32_t v;
-  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+__device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
   return v;
 }
 
@@ -110,9 +113,9 @@ struct ActSource {
 // One CTA's fp32 accumulators over K blocks [kb0, kb1) for tokens 0 .. count-1 (count <= 8 NT;
 // act_row(i) = the activation row of token i). Every thread of the CTA must call it (it stages the
 // activation chunk by chunk with __syncthreads). Per warp: acc[mt][nt][i] is output feature
-// row0 + 16 mt + g (+8 for i >= 2) and token nt*8 + 2q + (i & 1). w: row-major weight [N, K] (FP8
-// codes, or E2M1 pairs with the even column in the low nibble); wscale: E8M0 scales, [ceil(N/32),
-// scale_cols] (FP8) or [N, scale_cols] (FP4).
+// row0 + 16 mt + g (+8 for i >= 2) and token nt*8 + 2q + (i & 1). w: FP8 codes, row-major [N, K],
+// with E8M0 scales [ceil(N/32), scale_cols] at wscale; or MXFP4 in the tiled layout of
+// fp4_layout.cuh (data at w, scales at wscale; scale_cols unused). row0 is a multiple of 32.
 //
 // Latency: the weight words and their E8M0 scales of the next U K blocks load while the current U
 // compute (nothing in the compute loop waits on global memory); a chunk's activation is staged with
@@ -136,9 +139,10 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   __shared__ int32_t srow[Shape::kRows];  // activation row of each tile token, -1 for padding
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, warp = threadIdx.x >> 5;
   const int nt_active = (count + 7) / 8, rows_pad = 8 * nt_active, nb = K / 32;
-  const int64_t row_bytes = kFp8 ? K : K / 2;
+  // FP8: row-major rows; the warp's 32-row scale block (block 0 for a warp past N, whose results are
+  // dropped). FP4: the warp's 32-row tile (fp4_layout.cuh; tile 0 past N), this lane's 16 bytes.
+  const int tile = row0 < N ? row0 / 32 : 0;
   const uint8_t* wr[2][2];
-  const uint8_t* sr[2][2];
   bool ok[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -146,52 +150,39 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
     for (int h = 0; h < 2; ++h) {
       const int r = row0 + 16 * mt + 8 * h + g;
       ok[mt][h] = r < N;
-      const int rr = ok[mt][h] ? r : 0;
-      wr[mt][h] = w + rr * row_bytes + (kFp8 ? 8 * q : 4 * q);
-      // FP8: the warp's 32-row scale block (block 0 for a warp past N, whose results are dropped)
-      sr[mt][h] = wscale + (kFp8 ? static_cast<int64_t>(row0 < N ? row0 / 32 : 0) : static_cast<int64_t>(rr)) * scale_cols;
+      wr[mt][h] = w + static_cast<int64_t>(ok[mt][h] ? r : 0) * K + 8 * q;
     }
-  // FP4 scale words load as 32-bit words when every stage starts 4-aligned in 4-aligned rows
-  const bool scale_words = !kFp8 && scale_cols % 4 == 0 && kb0 % 4 == 0 &&
-                           (reinterpret_cast<uintptr_t>(wscale) & 3u) == 0;
+  const uint8_t* w4 = w + (static_cast<int64_t>(tile) * nb * 32 + lane) * 16;
+  const uint8_t* s8 = wscale + static_cast<int64_t>(tile) * scale_cols;
+  const uint8_t* s4 = wscale + (static_cast<int64_t>(tile) * ((nb + 3) / 4) * 8 + g) * 16;
   // weight words and scales of K blocks kb .. kb+U-1 (zero past kb1 / N)
   auto load = [&](uint32_t (&a)[U][2][2][W], uint32_t (&sc)[SW], int kb) {
+    if constexpr (kFp8) {
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+      for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const bool in = kb + u < kb1 && ok[mt][h];
-          if constexpr (kFp8) {
+          for (int h = 0; h < 2; ++h) {
+            const bool in = kb + u < kb1 && ok[mt][h];
             const uint2 v = in ? ld_stream8(wr[mt][h] + (kb + u) * 32) : make_uint2(0u, 0u);
             a[u][mt][h][0] = v.x;  // row 16 mt + 8 h + g, bytes 8q .. 8q+3 of the block
             a[u][mt][h][W - 1] = v.y;  // bytes 8q+4 .. 8q+7
-          } else {
-            a[u][mt][h][0] = in ? ld_stream4(wr[mt][h] + (kb + u) * 16) : 0u;
           }
-        }
-    if constexpr (kFp8) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) sc[u] = kb + u < kb1 ? __ldg(sr[0][0] + kb + u) : 0u;
+      for (int u = 0; u < U; ++u) sc[u] = kb + u < kb1 ? __ldg(s8 + kb + u) : 0u;
     } else {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int u = 0; u < U; ++u) {  // word 2 mt + h: row 16 mt + 8 h + g, bytes 4q .. 4q+3
+        const uint4 v = kb + u < kb1 ? ld_stream16(w4 + static_cast<int64_t>(kb + u) * 512) : make_uint4(0u, 0u, 0u, 0u);
+        a[u][0][0][0] = v.x, a[u][0][1][0] = v.y, a[u][1][0][0] = v.z, a[u][1][1][0] = v.w;
+      }
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int j = 0; j < U / 4; ++j) {
-            const int k = kb + 4 * j;
-            uint32_t v = 0;
-            if (scale_words) {
-              if (k < kb1) v = __ldg(reinterpret_cast<const uint32_t*>(sr[mt][h] + k));
-            } else {
-#pragma unroll
-              for (int b = 0; b < 4; ++b)
-                if (k + b < kb1) v |= static_cast<uint32_t>(__ldg(sr[mt][h] + k + b)) << (8 * b);
-            }
-            sc[(mt * 2 + h) * (U / 4) + j] = v;
-          }
+      for (int j = 0; j < U / 4; ++j) {  // stages start 4-aligned (plan_split), so whole scale groups
+        const int k = kb + 4 * j;
+        const uint4 v = k < kb1 ? __ldg(reinterpret_cast<const uint4*>(s4 + (k / 4) * 128)) : make_uint4(0u, 0u, 0u, 0u);
+        sc[0 * (U / 4) + j] = v.x, sc[1 * (U / 4) + j] = v.y, sc[2 * (U / 4) + j] = v.z, sc[3 * (U / 4) + j] = v.w;
+      }
     }
   };
   if (threadIdx.x < rows_pad) srow[threadIdx.x] = threadIdx.x < count ? act_row(threadIdx.x) : -1;

@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/dense_linear.cuh"
+#include "backend/cuda/fp4_layout.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/moe_elem.cuh"
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kListThreads)
 // kInlineSplits (grid.y = 1): each CTA runs the plan's `inline_splits` K ranges itself and adds them
 // in split order from zero (mma::add_split), the bits the split CTAs' fix-up gives.
 struct GroupedMat {
-  const uint8_t* const* w;  // [E] device pointers: E2M1 data [N, K/2], then E8M0 scales [N, K/32]
+  const uint8_t* const* w;  // [E] device pointers: tiled E2M1 data, then E8M0 scales (fp4_layout.cuh)
   float* y;                 // [n, N]
 };
 
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
   const int mat = blockIdx.x / row_ctas, rc = blockIdx.x % row_ctas;
   const GroupedMat m = mat ? m1 : m0;
   const uint8_t* w = m.w[e];
-  const uint8_t* wsc = w + static_cast<int64_t>(N) * (K / 2);
+  const uint8_t* wsc = w + fp4::data_bytes(N, K);
   const int p0 = l.offsets[e], n_e = l.offsets[e + 1] - p0;
   const int warp = threadIdx.x >> 5, row0 = rc * kCtaRows + warp * kWarpRows;
   const int nb = K / 32, split = blockIdx.y, splits = gridDim.y;

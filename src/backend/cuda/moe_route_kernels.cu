@@ -2,6 +2,7 @@
 // then sqrt(softplus) scores, biased top-k selection and renormalised weights, one warp per row.
 #include <climits>
 #include <cmath>
+#include <string>
 
 #include "backend/cuda/moe_elem.cuh"
 #include "backend/cuda/moe_kernels.cuh"
@@ -10,6 +11,7 @@ namespace di::cuda::moe {
 namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
+constexpr int kMaxRouted = 512;  // routed experts the selection kernel takes (4 warps x 2 x 512 floats: 16 KB)
 
 __device__ __forceinline__ double warp_sum(double v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
@@ -38,11 +40,21 @@ __global__ void router_logits_kernel(const float* __restrict__ x, const uint8_t*
     if constexpr (kVec8) {
       const uint4* g = reinterpret_cast<const uint4*>(gate + e * d * 2);
       const float4* xv = reinterpret_cast<const float4*>(xr);
-      for (int64_t i = lane; i < d / 8; i += 32) {
-        const uint4 gw = g[i];
-        const float4 a = xv[2 * i], b = xv[2 * i + 1];
-        acc += dot2_bf16(a.x, a.y, gw.x) + dot2_bf16(a.z, a.w, gw.y) + dot2_bf16(b.x, b.y, gw.z) +
-               dot2_bf16(b.z, b.w, gw.w);
+      constexpr int kU = 4;  // loads of kU steps in flight (one step at a time was a round trip each)
+      const int64_t steps = d / 8;
+      for (int64_t i0 = lane; i0 < steps; i0 += 32 * kU) {
+        uint4 gw[kU];
+        float4 a[kU], b[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int64_t i = i0 + 32 * u;
+          if (i < steps) gw[u] = g[i], a[u] = xv[2 * i], b[u] = xv[2 * i + 1];
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u)  // the same order as one step at a time
+          if (i0 + 32 * u < steps)
+            acc += dot2_bf16(a[u].x, a[u].y, gw[u].x) + dot2_bf16(a[u].z, a[u].w, gw[u].y) +
+                   dot2_bf16(b[u].x, b[u].y, gw[u].z) + dot2_bf16(b[u].z, b[u].w, gw[u].w);
       }
     } else {
       for (int64_t i = lane; i < d; i += 32)
@@ -67,11 +79,23 @@ __global__ void router_select_kernel(const float* __restrict__ logits, const uin
   if (r >= s) return;
   float* sc = smem + static_cast<int64_t>(warp) * 2 * n_exp;
   float* biased = sc + n_exp;
-  for (int e = lane; e < n_exp; e += 32) {
-    const float l = logits[r * n_exp + e] / gate_temp;
+  // Every lane's logits and biases are loaded before any is used (kMaxRouted / 32 loads in flight;
+  // one at a time was a round trip per 32 experts).
+  float lg[kMaxRouted / 32], bs[kMaxRouted / 32];
+#pragma unroll
+  for (int k = 0; k < kMaxRouted / 32; ++k) {
+    const int e = lane + 32 * k;
+    lg[k] = e < n_exp ? logits[r * n_exp + e] : 0.0f;
+    bs[k] = e < n_exp ? load_elem(bias, bias_type, e) : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < kMaxRouted / 32; ++k) {
+    const int e = lane + 32 * k;
+    if (e >= n_exp) break;
+    const float l = lg[k] / gate_temp;
     const float sp = l > 20.0f ? l : log1p_f32(exp_f32(l));  // torch softplus, threshold 20
     sc[e] = sqrtf(sp);
-    biased[e] = sc[e] + load_elem(bias, bias_type, e);
+    biased[e] = sc[e] + bs[k];
   }
   __syncwarp();
   int picks[kMaxTopK];
@@ -137,7 +161,8 @@ void router_select(const float* logits, const uint8_t* bias, DType bias_dtype, i
   const ElemType bt = elem_type(bias_dtype, "moe_route bias");
   constexpr int kWarps = 4;
   const size_t smem = static_cast<size_t>(kWarps) * 2 * e * sizeof(float);
-  DI_CHECK_MSG(smem <= 48 * 1024, "moe_route: too many experts for the selection kernel");
+  DI_CHECK_MSG(e <= kMaxRouted, "moe_route: " + std::to_string(e) + " routed experts, the selection kernel takes at most " +
+                                    std::to_string(kMaxRouted));
   router_select_kernel<<<blocks_for(s, kWarps), kWarps * 32, smem>>>(
       logits, bias, bt, s, static_cast<int>(e), top_k, route_scale, gate_temp, weights, experts);
   DI_CUDA_LAUNCH_CHECK();

@@ -3,6 +3,7 @@
 // by a counter-based fill kernel instead of being read from disk or staged through the host. The
 // values are exactly synthetic::fill_element's, so host- and device-filled tensors agree.
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/fp4_layout.cuh"
 #include "backend/device_tools.h"
 
 namespace di::device {
@@ -24,31 +25,51 @@ void fill(uint8_t* dst, int64_t n_elems, const synthetic::FillSpec& spec) {
   DI_CUDA_LAUNCH_CHECK();
 }
 
+
+void* device_malloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes > 0) {
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess)
+      throw Error("GPU out of memory allocating " + std::to_string(bytes) + " bytes of synthetic weights: " +
+                  cudaGetErrorString(err));
+  }
+  return p;
+}
+
 }  // namespace
 
 int64_t prepare_synthetic(Weight& w, const synthetic::FillSpec& data, const synthetic::FillSpec* scale) {
-  // The layout CudaBackend::prepare uploads: [data bytes | scale bytes] in one allocation.
-  const int64_t data_bytes = cuda::weight_data_bytes(w);
+  // The layout CudaBackend::prepare uploads: [data bytes | scale bytes] in one allocation; MXFP4 is
+  // filled row-major into a scratch block, then tiled (fp4_layout.cuh).
+  const bool fp4 = w.mode == WeightMode::kFp4Expert;
+  const int64_t data_bytes = fp4 ? w.rows * w.cols / 2 : cuda::weight_data_bytes(w);
   int64_t scale_bytes = 0;
   if (scale) {
     DI_CHECK_MSG(w.scale != nullptr && w.scale_rows > 0, "synthetic weight with a scale spec but no scale tensor");
     scale_bytes = w.scale_rows * w.scale_cols;
   }
   DI_CHECK(data_bytes % data.elem_bytes == 0 && (!scale || scale->elem_bytes == 1));
-  void* p = nullptr;
+  DI_CHECK_MSG(!fp4 || (scale && w.scale_rows == w.rows), "synthetic MXFP4 weight without per-row scales");
   const size_t total = static_cast<size_t>(data_bytes + scale_bytes);
-  if (total > 0) {
-    cudaError_t err = cudaMalloc(&p, total);
-    if (err != cudaSuccess)
-      throw Error("GPU out of memory allocating " + std::to_string(total) + " bytes of synthetic weights: " +
-                  cudaGetErrorString(err));
+  uint8_t* p = static_cast<uint8_t*>(device_malloc(total));
+  fill(p, data_bytes / data.elem_bytes, data);
+  if (scale) fill(p + data_bytes, scale_bytes, *scale);
+  if (!fp4) {
+    w.device = std::shared_ptr<void>(p, [](void* q) {
+      if (q) cudaFree(q);
+    });
+    return static_cast<int64_t>(total);
   }
-  w.device = std::shared_ptr<void>(p, [](void* q) {
+  const size_t tiled = static_cast<size_t>(cuda::fp4::data_bytes(w.rows, w.cols) + cuda::fp4::scale_bytes(w.rows, w.cols));
+  uint8_t* t = static_cast<uint8_t*>(device_malloc(tiled));
+  cuda::fp4::tile(p, p + data_bytes, w.scale_cols, w.rows, w.cols, t);
+  DI_CUDA_CHECK(cudaStreamSynchronize(0));  // the tiling has read the row-major block
+  DI_CUDA_CHECK(cudaFree(p));
+  w.device = std::shared_ptr<void>(t, [](void* q) {
     if (q) cudaFree(q);
   });
-  fill(static_cast<uint8_t*>(p), data_bytes / data.elem_bytes, data);
-  if (scale) fill(static_cast<uint8_t*>(p) + data_bytes, scale_bytes, *scale);
-  return static_cast<int64_t>(total);
+  return static_cast<int64_t>(tiled);
 }
 
 }  // namespace di::device
