@@ -110,6 +110,8 @@ class Backend {
   // --- attention --------------------------------------------------------------------------------
   // Single latent head (K = V). q [S, H*Dh], kv [N, Dh], idx [S, L] (-1 = skip), sink [H] f32.
   // Online softmax over blocks of 64 indices with bf16 probabilities (as the reference kernel).
+  // q and the keys hold bf16 values (the model's queries leave RoPE, its keys qdq, as bf16): the CUDA
+  // backend multiplies them on the bf16 tensor cores.
   // kv_more (optional) continues kv: index N + i reads kv_more row i -- keys that live in another
   // tensor without a copy. F32 [M, Dh], or U8 packed cache rows [M, packed_row_bytes(more_format, Dh)]
   // dequantized as unpack_rows does (the compressed KV read straight from the page pool).

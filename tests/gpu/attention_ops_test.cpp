@@ -3,10 +3,11 @@
 //  - hc_mixes: max |diff| <= 1e-6 (fp64 dot sums in another order: K chunks, then chunk order; the
 //    mean square and everything else in the CPU's fp32 order, exp rounded once from double).
 //  - hc_pre, hc_post, stream_mean: bit-exact (the same fp32 operations in the same order).
-//  - sparse_attention: relative L2 <= 1e-3 over the output (dot and probability sums in another
-//    order, the list split over CTAs for few rows; exp differs by ulps, which can flip a bf16-rounded
-//    probability, as can the running / per-split max it is taken against); a row whose list is all
-//    -1 must be exactly zero.
+//  - sparse_attention: relative L2 <= 1e-3 over the output (q and kv hold bf16 values, as the model's;
+//    dot and probability sums in another order -- bf16 tensor cores when heads and dh are multiples
+//    of 16, the list split over CTAs; exp differs by ulps, which can flip a bf16-rounded probability,
+//    as can the running / per-split max it is taken against); a row whose list is all -1 must be
+//    exactly zero.
 //  - softmax_pool: relative L2 <= 1e-6 (CPU order; exp rounded once from double vs glibc expf).
 //  - index_scores: bit-exact (each dot in cpu::dot's exact order), -inf where invisible.
 //  - select_candidates, topk_indices (both tie modes), mask_scores: EXACT.
@@ -196,19 +197,20 @@ void check_sparse_attention(AttentionOps& t, Rng& rng, const AttnCase& c) {
     int64_t first = 0;
     EXPECT_EQ(bit_mismatches(cpu_split, want, &first), 0) << "cpu, kv split at " << m << ": " << at_str(cpu_split, want, first);
     EXPECT_EQ(bit_mismatches(gpu_split, got, &first), 0) << "gpu, kv split at " << m << ": " << at_str(gpu_split, got, first);
-    // kv_more as packed FP4 cache rows (the page pool's compressed KV): the same bits as those rows
-    // unpacked, on each backend
-    if (c.dh % 16 == 0) {
+    // kv_more as packed cache rows (the page pool's compressed KV, FP4; window KV, FP8): the same
+    // bits as those rows unpacked, on each backend
+    for (RowFormat fmt : {RowFormat::kFp4E4m3, RowFormat::kFp8Ue8m0}) {
+      if (c.dh % (fmt == RowFormat::kFp4E4m3 ? 16 : 32) != 0) continue;
       std::vector<int64_t> slots(static_cast<size_t>(c.n_kv - m));
       for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int64_t>(slots.size() - 1 - i);  // reversed
-      const int64_t rb = packed_row_bytes(RowFormat::kFp4E4m3, c.dh);
+      const int64_t rb = packed_row_bytes(fmt, c.dh);
       for (Backend* be : {t.cpu.get(), t.gpu.get()}) {
         const bool on_gpu = be == t.gpu.get();
         Tensor more = copy_tensor(*be, row_view(on_gpu ? kv.gpu : kv.cpu, m, c.n_kv - m));
-        be->qdq(more, RowFormat::kFp4E4m3);
+        be->qdq(more, fmt);
         Tensor packed = be->zeros(TType::kU8, {c.n_kv - m, rb});
-        be->pack_rows(more, RowFormat::kFp4E4m3, packed, slots);
-        Tensor unpacked = be->unpack_rows(packed, RowFormat::kFp4E4m3, c.dh, slots);  // = more
+        be->pack_rows(more, fmt, packed, slots);
+        Tensor unpacked = be->unpack_rows(packed, fmt, c.dh, slots);  // = more
         const Tensor& q = on_gpu ? qg : qc;
         const Tensor& ix = on_gpu ? ig : ic;
         const Tensor head = row_view(on_gpu ? kv.gpu : kv.cpu, 0, m);
@@ -218,8 +220,9 @@ void check_sparse_attention(AttentionOps& t, Rng& rng, const AttnCase& c) {
           if (v >= m) v = static_cast<int32_t>(m + slots[static_cast<size_t>(v - m)]);
         std::vector<float> f = be->to_host_f32(be->sparse_attention(q, c.heads, head, ix, sink.w, scale, unpacked));
         std::vector<float> p = be->to_host_f32(be->sparse_attention(
-            q, c.heads, head, be->from_host_i32(remapped, {c.rows, c.len}), sink.w, scale, packed, RowFormat::kFp4E4m3));
-        EXPECT_EQ(bit_mismatches(p, f, &first), 0) << (on_gpu ? "gpu" : "cpu") << ", packed kv_more: " << at_str(p, f, first);
+            q, c.heads, head, be->from_host_i32(remapped, {c.rows, c.len}), sink.w, scale, packed, fmt));
+        EXPECT_EQ(bit_mismatches(p, f, &first), 0) << (on_gpu ? "gpu" : "cpu") << ", packed kv_more (format "
+                                                   << static_cast<int>(fmt) << "): " << at_str(p, f, first);
       }
     }
   }
@@ -237,7 +240,9 @@ TEST_F(AttentionOps, SparseAttention) {
                                                  {1, 64, 512, 640, 640},
                                                  {5, 6, 48, 90, 77},   // odd heads, dh not a multiple of 32
                                                  {5, 1, 64, 50, 100},   // one warp per block
-                                                 {2, 64, 512, 2000, 2048}})  // list split over 32 CTAs, merged
+                                                 {2, 64, 512, 2000, 2048},  // list split over 32 CTAs, merged
+                                                 {3, 32, 48, 100, 130},     // tensor cores: half a head tile, dh 48
+                                                 {2, 80, 64, 100, 100}})    // two head tiles (64 + 16)
     check_sparse_attention(*this, r, c);
 }
 

@@ -40,7 +40,7 @@
 //  - moe_experts, listed fallback (mixed expert formats): per-expert linear() (policy above), scatter-
 //    add per token in expert-id order -> invariant through linear.
 //  - moe_route: logits one warp per (expert, row) in fp64; 16-byte loads chosen by D and the base
-//    alignment (a row's offset is a multiple of 32 bytes when D % 8 == 0); selection one warp per row
+//    alignment (a row's offset is a multiple of 32 bytes when D % 8 == 0); selection one CTA per row
 //    -> already invariant.
 //  - rmsnorm (one CTA per row, the CPU's order), index_scores (one thread per (row, position), the
 //    tile width from heads x hd), softmax_pool (serial per channel), engram_inject (one 256-thread CTA

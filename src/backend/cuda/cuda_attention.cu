@@ -10,6 +10,8 @@
 #include <limits>
 
 #include "backend/cuda/attn_common.cuh"
+#include "backend/cuda/attn_keys.cuh"
+#include "backend/cuda/attn_sparse_mma.cuh"
 #include "backend/cuda/attn_topk.cuh"
 #include "backend/cuda/batch_invariance.cuh"
 #include "backend/cuda/cuda_backend.h"
@@ -19,6 +21,8 @@
 namespace di {
 namespace {
 
+using cuda::attn::AttnKeys;
+using cuda::attn::packed_at;
 using cuda::attn::Scratch;
 using cuda::attn::WType;
 
@@ -53,26 +57,6 @@ __device__ __forceinline__ float transpose_reduce16(float (&v)[16], int lane) {
   transpose_step<1>(v, lane);
   return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 16);
 }
-
-// Element i of a packed cache row (unpack_rows' dequantization).
-__device__ __forceinline__ float packed_at(const uint8_t* row, RowFormat f, int dh, int i) {
-  switch (f) {
-    case RowFormat::kFp8Ue8m0: return cuda::dq::fp8_ue8m0_dequant_at(row, row + dh, i);
-    case RowFormat::kFp4E4m3: return cuda::dq::fp4_e4m3_dequant_at(row, row + dh / 2, i);
-    default: return cuda::dq::fp4_ue8m0_dequant_at(row, row + dh / 2, i);
-  }
-}
-
-// Keys of a sparse attention: rows [0, n_kv) of kv (f32), then n_more rows of kv_more, f32 or (packed
-// != nullptr) packed cache rows of `fmt` dequantized as they are staged.
-struct AttnKeys {
-  const float* kv;
-  int64_t n_kv;
-  const float* more;
-  const uint8_t* packed;
-  int64_t n_more, packed_row_bytes;
-  RowFormat fmt;
-};
 
 // One block per (query row, group of 16 heads); each warp owns 2 heads, each lane DPL of the Dh
 // dims (d = lane + 32 c). Per 64-index block the gathered kv rows [64, Dh] are staged in shared
@@ -296,25 +280,6 @@ __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
   }
 }
 
-// The K splits of one (row, head) merged: out = bf16(sum_z acc_z e^(m_z - M) / (sum_z l_z e^(m_z - M) +
-// e^(sink - M))), M the largest split max. One CTA per (row, head), one thread per dim.
-__global__ void sparse_attention_combine_kernel(const float* __restrict__ part, int splits, int heads, int dh,
-                                                const uint8_t* sink, WType sink_t, float* __restrict__ out) {
-  const int64_t rh = blockIdx.x;
-  const int h = static_cast<int>(rh % heads);
-  const float* pp = part + rh * splits * (dh + 2);
-  float m = -1e30f;
-  for (int z = 0; z < splits; ++z) m = cuda::attn::std_max(m, pp[z * (dh + 2) + dh]);
-  float total = 0;
-  for (int z = 0; z < splits; ++z) total += pp[z * (dh + 2) + dh + 1] * expf(pp[z * (dh + 2) + dh] - m);
-  total += expf(cuda::attn::weight_elem(sink, sink_t, h) - m);
-  for (int d = threadIdx.x; d < dh; d += blockDim.x) {
-    float a = 0;
-    for (int z = 0; z < splits; ++z) a += pp[z * (dh + 2) + d] * expf(pp[z * (dh + 2) + dh] - m);
-    out[rh * dh + d] = cuda::round_bf16(a / total);
-  }
-}
-
 template <int DPL>
 void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const AttnKeys& keys, const int32_t* idx, int64_t len, const uint8_t* sink, WType sink_t, float scale,
                              float* out, CudaBackend& be) {
@@ -375,9 +340,7 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
     }
     DI_CUDA_LAUNCH_CHECK();
     if (merge) {
-      sparse_attention_combine_kernel<<<static_cast<unsigned>(rows * heads), 128>>>(part.f32(), used, heads, dh, sink,
-                                                                                    sink_t, outr);
-      DI_CUDA_LAUNCH_CHECK();
+      cuda::attn::combine_splits(part.f32(), used, rows, heads, dh, sink, sink_t, outr);
     }
   }
 }
@@ -527,6 +490,10 @@ Tensor CudaBackend::sparse_attention(const Tensor& q, int heads, const Tensor& k
     throw Error("cuda op sparse_attention: head dim " + std::to_string(d) + " is not supported (at most 512)");
   const int dh = static_cast<int>(d);
   const uint8_t* sk = cuda::wdata(sink);
+  if (cuda::attn::sparse_attention_mma_fits(q.f32(), heads, dh, keys, len)) {
+    cuda::attn::sparse_attention_mma(s, heads, dh, q.f32(), keys, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
+    return out;
+  }
   const int need = (dh + 31) / 32;
   if (need <= 1) launch_sparse_attention<1>(s, heads, dh, q.f32(), keys, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);
   else if (need <= 2) launch_sparse_attention<2>(s, heads, dh, q.f32(), keys, idx.i32(), len, sk, sink_t, softmax_scale, out.f32(), *this);

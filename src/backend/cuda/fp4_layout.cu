@@ -10,6 +10,20 @@ namespace {
 // Row of tile T, lane group g, word j (2 mt + h).
 __device__ __forceinline__ int64_t tile_row(int64_t t, int g, int j) { return 32 * t + 16 * (j >> 1) + 8 * (j & 1) + g; }
 
+// 8 E2M1 codes (nibble i = code i) -> the word of fp4_layout.cuh: byte i holds code i as an E4M3
+// byte of 2^-6 times its value (magnitude bits at 2-4, sign at 7) and code 4 + i in the other bits
+// (m0 at 0, e0 at 1, sign at 5, e1 at 6), so mma::fp4_lo / fp4_hi recover both with a few logic ops.
+__device__ __forceinline__ uint32_t encode_codes(uint32_t codes) {
+  uint32_t out = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t c = (codes >> (4 * i)) & 15u, d = (codes >> (4 * i + 16)) & 15u;
+    const uint32_t byte = ((c & 7u) << 2) | ((c >> 3) << 7) | (d & 3u) | (((d >> 2) & 1u) << 6) | ((d >> 3) << 5);
+    out |= byte << (8 * i);
+  }
+  return out;
+}
+
 // One thread per 4-byte data word of the tiled layout.
 __global__ void tile_data_kernel(const uint8_t* __restrict__ src, int64_t rows, int64_t cols, int64_t words,
                                  uint32_t* __restrict__ dst) {
@@ -19,7 +33,8 @@ __global__ void tile_data_kernel(const uint8_t* __restrict__ src, int64_t rows, 
     const int j = static_cast<int>(i % 4), lane = static_cast<int>(i / 4 % 32);
     const int64_t tkb = i / 128, t = tkb / nb, kb = tkb % nb;
     const int64_t r = tile_row(t, lane / 4, j);
-    dst[i] = r < rows ? *reinterpret_cast<const uint32_t*>(src + r * (cols / 2) + kb * 16 + 4 * (lane % 4)) : 0u;
+    const uint32_t codes = r < rows ? *reinterpret_cast<const uint32_t*>(src + r * (cols / 2) + kb * 16 + 4 * (lane % 4)) : 0u;
+    dst[i] = encode_codes(codes);
   }
 }
 

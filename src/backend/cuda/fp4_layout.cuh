@@ -3,8 +3,11 @@
 // read 4 bytes of each of its 4 rows per K block (four loads, half of each 32-byte sector).
 //
 // Data: rows padded to a multiple of 32 (zeros); for each 32-row tile T and K block kb, 512 bytes at
-// ((T * nb + kb) * 32 + lane) * 16, nb = cols / 32: lane l = 4g + q holds in word j = 2 mt + h the
-// packed bytes [4q, 4q + 4) of block kb of row 32 T + 16 mt + 8 h + g (its 8 E2M1 codes of the block).
+// ((T * nb + kb) * 32 + lane) * 16, nb = cols / 32: lane l = 4g + q holds in word j = 2 mt + h the 8
+// E2M1 codes of columns [8q, 8q + 8) of block kb of row 32 T + 16 mt + 8 h + g, re-encoded so that
+// two logic ops give E4M3 bytes of 2^-6 times the first four values and four give the last four
+// (mma::fp4_lo / fp4_hi; the GEMM multiplies its activation scales by 2^6). Row-major, the widening
+// took ~13 integer ops per 4 codes.
 // Scales: for each tile T and group of 4 K blocks kb4, 128 bytes at ((T * nb4 + kb4) * 8 + g) * 16,
 // nb4 = ceil(nb / 4): word j = the E8M0 scales of blocks 4 kb4 .. 4 kb4 + 3 (low byte first) of
 // row 32 T + 16 mt + 8 h + g; bytes past the matrix are 0.

@@ -70,15 +70,12 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// 4 E2M1 codes (nibbles of the low 16 bits, first code lowest) -> 4 E4M3 bytes, in two byte
-// permutes (this runs for every weight word, so its instruction count is the MoE kernel's):
-// magnitudes 0, .5, 1, 1.5 | 2, 3, 4, 6 as E4M3 bytes looked up by the 3 magnitude bits; the sign
-// (bit 3 of a nibble, moved to selector value 4 or 0) picks 0x80 or 0x00.
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t x) {
-  const uint32_t mag = __byte_perm(0x3C383000u, 0x4C484440u, x & 0x7777u);
-  const uint32_t sign = __byte_perm(0u, 0x80808080u, (x >> 1) & 0x4444u);
-  return mag | sign;
-}
+// A tiled MXFP4 word (fp4_layout.cuh) -> the E4M3 bytes of its first / last four codes, each 2^-6
+// times the code's value (E2M1 magnitude bits e1 e0 m0 at E4M3 bits 4 3 2: exact for every code,
+// subnormals included). They run for every weight word, so their op count is the MoE kernel's.
+__device__ __forceinline__ uint32_t fp4_lo(uint32_t w) { return w & 0x9C9C9C9Cu; }
+__device__ __forceinline__ uint32_t fp4_hi(uint32_t w) { return ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u); }
+inline constexpr float kFp4CodeScale = 64.0f;  // the activation scales of MXFP4 tiles absorb the 2^-6
 
 // d = A (16x32 e4m3) x B (32x8 e4m3), fresh fp32 accumulators.
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -215,7 +212,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
           const int r = b / nkc, c = b - r * nkc;
           const int e = dq::round_scale_exponent(dq::group_amax<32>(v[j], dq::kFp8AmaxFloor), dq::kFp8MaxInv);
           sx[r * S + c * 32 + lane] = dq::fp8_code(v[j], dq::scale_from_exponent(e));
-          if (lane == 0) ss[r * SS + c] = e8m0_to_float(dq::e8m0_byte(e));
+          if (lane == 0) ss[r * SS + c] = e8m0_to_float(dq::e8m0_byte(e)) * (kFp8 ? 1.0f : kFp4CodeScale);
         }
       }
     } else {
@@ -228,10 +225,19 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
         cp_async4(ss + r * SS + c, src.xs + static_cast<int64_t>(srow[r]) * nb + kc + c);
       }
       cp_async_wait_all();
+      if constexpr (!kFp8)  // each thread its own copies: they are complete and visible to it
+        for (int i = threadIdx.x; i < count * nkc; i += kThreads) {
+          const int r = i / nkc, c = i - r * nkc;
+          ss[r * SS + c] *= kFp4CodeScale;
+        }
     }
     __syncthreads();
     for (int kb = kc; kb < kc + nkc; kb += U) {
       if (kb + U < kb1) load(nxt, nxt_s, kb + U);
+      // this lane's activation codes and scales of the stage's first block (per block, per token
+      // tile: constant offsets)
+      const uint8_t* xs_lane = sx + g * S + (kb - kc) * 32 + 8 * q;
+      const float* ss_lane = ss + 2 * q * SS + (kb - kc);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int k = kb + u;
@@ -255,19 +261,18 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
             a[mt][1] = cur[u][mt][1][0];
             a[mt][2] = cur[u][mt][0][W - 1];
             a[mt][3] = cur[u][mt][1][W - 1];
-          } else {  // 8 codes of the lane's row: the low 4 feed register 0 / 1, the high 4 register 2 / 3
-            a[mt][0] = e2m1x4_to_e4m3x4(cur[u][mt][0][0]);
-            a[mt][1] = e2m1x4_to_e4m3x4(cur[u][mt][1][0]);
-            a[mt][2] = e2m1x4_to_e4m3x4(cur[u][mt][0][0] >> 16);
-            a[mt][3] = e2m1x4_to_e4m3x4(cur[u][mt][1][0] >> 16);
+          } else {  // 8 codes of the lane's row: the first 4 feed register 0 / 1, the last 4 register 2 / 3
+            a[mt][0] = fp4_lo(cur[u][mt][0][0]);
+            a[mt][1] = fp4_lo(cur[u][mt][1][0]);
+            a[mt][2] = fp4_hi(cur[u][mt][0][0]);
+            a[mt][3] = fp4_hi(cur[u][mt][1][0]);
           }
         }
-        const int kk = k - kc;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           if (nt >= nt_active) break;
-          const uint2 b = *reinterpret_cast<const uint2*>(sx + (nt * 8 + g) * S + kk * 32 + 8 * q);
-          const float s0 = ss[(nt * 8 + 2 * q) * SS + kk], s1 = ss[(nt * 8 + 2 * q + 1) * SS + kk];
+          const uint2 b = *reinterpret_cast<const uint2*>(xs_lane + nt * 8 * S + u * 32);
+          const float s0 = ss_lane[nt * 8 * SS + u], s1 = ss_lane[nt * 8 * SS + SS + u];
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             float d[4];

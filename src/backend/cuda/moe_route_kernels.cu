@@ -11,7 +11,7 @@ namespace di::cuda::moe {
 namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
-constexpr int kMaxRouted = 512;  // routed experts the selection kernel takes (4 warps x 2 x 512 floats: 16 KB)
+constexpr int kMaxRouted = 512;  // routed experts the selection kernel takes (2 x 512 floats of shared memory)
 
 __device__ __forceinline__ double warp_sum(double v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
@@ -65,56 +65,60 @@ __global__ void router_logits_kernel(const float* __restrict__ x, const uint8_t*
   }
 }
 
-// One warp per row: E logits in, top_k warp-wide argmax passes over the biased scores in shared
-// memory. Selection is "the k largest biased scores, ties to the lowest expert id". The CPU picks
-// torch.topk's elements (std::nth_element / partial_sort order); both agree unless two biased fp32
-// scores tie exactly at the k-th place, which random or real router logits essentially never do.
-// The weights are summed in descending-score order (the CPU's order may differ: an ulp at most).
-__global__ void router_select_kernel(const float* __restrict__ logits, const uint8_t* __restrict__ bias,
-                                     ElemType bias_type, int64_t s, int n_exp, int top_k, float route_scale,
-                                     float gate_temp, float* __restrict__ weights, int32_t* __restrict__ experts) {
-  extern __shared__ float smem[];  // [warps][2 * E]: scores, then biased scores
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
-  if (r >= s) return;
-  float* sc = smem + static_cast<int64_t>(warp) * 2 * n_exp;
-  float* biased = sc + n_exp;
-  // Every lane's logits and biases are loaded before any is used (kMaxRouted / 32 loads in flight;
-  // one at a time was a round trip per 32 experts).
-  float lg[kMaxRouted / 32], bs[kMaxRouted / 32];
+// One CTA per row: kSelThreads threads compute the E scores (fp64 exp / log1p, ~1 us each, so one
+// warp per row took 14 us at E = 384), then warp 0 runs top_k warp-wide argmax passes over the biased
+// scores held in registers. Selection is "the k largest biased scores, ties to the lowest expert id".
+// The CPU picks torch.topk's elements (std::nth_element / partial_sort order); both agree unless two
+// biased fp32 scores tie exactly at the k-th place, which random or real router logits essentially
+// never do. The weights are summed in descending-score order (the CPU's order may differ: an ulp at most).
+constexpr int kSelThreads = 128;
+
+__global__ void __launch_bounds__(kSelThreads)
+    router_select_kernel(const float* __restrict__ logits, const uint8_t* __restrict__ bias, ElemType bias_type,
+                         int n_exp, int top_k, float route_scale, float gate_temp, float* __restrict__ weights,
+                         int32_t* __restrict__ experts) {
+  __shared__ float sc[kMaxRouted], biased[kMaxRouted];
+  const int64_t r = blockIdx.x;
+  constexpr int kPer = kMaxRouted / kSelThreads;
+  float lg[kPer], bs[kPer];  // every load before any score
 #pragma unroll
-  for (int k = 0; k < kMaxRouted / 32; ++k) {
-    const int e = lane + 32 * k;
+  for (int k = 0; k < kPer; ++k) {
+    const int e = threadIdx.x + kSelThreads * k;
     lg[k] = e < n_exp ? logits[r * n_exp + e] : 0.0f;
     bs[k] = e < n_exp ? load_elem(bias, bias_type, e) : 0.0f;
   }
 #pragma unroll
-  for (int k = 0; k < kMaxRouted / 32; ++k) {
-    const int e = lane + 32 * k;
+  for (int k = 0; k < kPer; ++k) {
+    const int e = threadIdx.x + kSelThreads * k;
     if (e >= n_exp) break;
     const float l = lg[k] / gate_temp;
     const float sp = l > 20.0f ? l : log1p_f32(exp_f32(l));  // torch softplus, threshold 20
     sc[e] = sqrtf(sp);
     biased[e] = sc[e] + bs[k];
   }
-  __syncwarp();
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  constexpr int kLane = kMaxRouted / 32;
+  float v[kLane];  // expert lane + 32 k; NaN = padding or already picked: never wins
+#pragma unroll
+  for (int k = 0; k < kLane; ++k) v[k] = lane + 32 * k < n_exp ? biased[lane + 32 * k] : __int_as_float(0x7fc00000);
   int picks[kMaxTopK];
   for (int j = 0; j < top_k; ++j) {
     float bv = -INFINITY;
     int bi = INT_MAX;
-    for (int e = lane; e < n_exp; e += 32) {
-      const float v = biased[e];  // NaN = already picked: never wins
-      if (v > bv || (v == bv && e < bi)) bv = v, bi = e;
-    }
+#pragma unroll
+    for (int k = 0; k < kLane; ++k)
+      if (v[k] > bv || (v[k] == bv && lane + 32 * k < bi)) bv = v[k], bi = lane + 32 * k;
     for (int off = 16; off > 0; off >>= 1) {
       const float ov = __shfl_xor_sync(kFull, bv, off);
       const int oi = __shfl_xor_sync(kFull, bi, off);
       if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
     }
     picks[j] = bi;  // the same in every lane
-    __syncwarp();
-    if (lane == 0 && bi < n_exp) biased[bi] = __int_as_float(0x7fc00000);
-    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < kLane; ++k)
+      if (lane + 32 * k == bi) v[k] = __int_as_float(0x7fc00000);
   }
   if (lane != 0) return;
   float sum = 0;
@@ -159,12 +163,11 @@ void router_select(const float* logits, const uint8_t* bias, DType bias_dtype, i
   if (s == 0) return;
   DI_CHECK_MSG(top_k >= 1 && top_k <= kMaxTopK && top_k <= e, "moe_route: top_k out of range");
   const ElemType bt = elem_type(bias_dtype, "moe_route bias");
-  constexpr int kWarps = 4;
-  const size_t smem = static_cast<size_t>(kWarps) * 2 * e * sizeof(float);
   DI_CHECK_MSG(e <= kMaxRouted, "moe_route: " + std::to_string(e) + " routed experts, the selection kernel takes at most " +
                                     std::to_string(kMaxRouted));
-  router_select_kernel<<<blocks_for(s, kWarps), kWarps * 32, smem>>>(
-      logits, bias, bt, s, static_cast<int>(e), top_k, route_scale, gate_temp, weights, experts);
+  DI_CHECK_MSG(s <= 0x7fffffff, "moe_route: too many rows");
+  router_select_kernel<<<static_cast<unsigned>(s), kSelThreads>>>(logits, bias, bt, static_cast<int>(e), top_k, route_scale,
+                                                                  gate_temp, weights, experts);
   DI_CUDA_LAUNCH_CHECK();
 }
 
