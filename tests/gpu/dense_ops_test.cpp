@@ -9,8 +9,12 @@
 //    rounding before the bf16 output rounding. Dropping or mis-scaling one K block, a wrong row or
 //    token, exceeds both bounds. Mismatch counts are printed.
 //  - linear kBf16 and grouped_linear (fp32 sums in another order): per element
-//    |d| <= 1 bf16 ulp of |want| + 2^-20 * sum_k |x_k w_k| (the fp32 summation error allowance).
-//  - linear kF32 (fp64 sums, rounded once): |d| <= 1e-6 |want| + 1e-12 * sum_k |x_k w_k|.
+//    |d| <= 1 bf16 ulp of |want| + 2^-20 * sum_k |x_k w_k| (the fp32 summation error allowance);
+//    2^-14 on the tensor cores (below).
+//  - linear kF32 (fp64 sums, rounded once): |d| <= 1e-6 |want| + 1e-12 * sum_k |x_k w_k|; with BF16
+//    weights at 2+ rows and K % 64 == 0 (bf16 tensor cores, x split into bf16 hi + lo, fp32 sums):
+//    |d| <= 1e-6 |want| + 2^-14 * sum_k |x_k w_k| (the split leaves <= 2^-17 |x_k w_k| per product,
+//    the fp32 sums their rounding); a wrong row, token or K chunk is off by O(|x_k w_k|).
 //  - rmsnorm: within 1 bf16 ulp, and bit-exact (same sum-of-squares order as the CPU).
 //  - rope: within 1 bf16 ulp (cos/sin: fp64 on the GPU vs glibc cosf/sinf; mismatches are printed).
 #include <cuda_runtime.h>
@@ -220,8 +224,9 @@ void check_linear(DenseOps& t, WeightMode mode, DType dtype, int64_t s, int64_t 
     return;
   }
   const bool f32 = mode == WeightMode::kF32;
-  const int64_t bad = f32 ? count_outside(got, want, l1, false, 1e-6, 1e-12, &worst)
-                          : count_outside(got, want, l1, true, 0.0, 0x1p-20, &worst);
+  const bool tensor_cores = dtype == DType::kBF16 && s >= 2 && k % 64 == 0;  // cuda::dense::bf16_mma_fits
+  const int64_t bad = f32 ? count_outside(got, want, l1, false, 1e-6, tensor_cores ? 0x1p-14 : 1e-12, &worst)
+                          : count_outside(got, want, l1, true, 0.0, tensor_cores ? 0x1p-14 : 0x1p-20, &worst);
   EXPECT_EQ(bad, 0) << "worst " << worst << "; " << c.str() << ", " << t.seed_note();
 }
 
@@ -264,6 +269,16 @@ TEST_F(DenseOps, LinearF32) {
       check_linear(*this, WeightMode::kF32, DType::kF32, s, n, k);
   check_linear(*this, WeightMode::kF32, DType::kBF16, 17, 160, 1056);
   check_linear(*this, WeightMode::kF32, DType::kF16, 3, 96, 264);
+}
+
+// BF16 weights at 2+ rows on the tensor cores: every token-tile width, a partial last 64-token tile,
+// rows that leave warps and CTAs partly empty, the head's K; x not bf16-valued (the lo half is used).
+TEST_F(DenseOps, LinearBf16TensorCores) {
+  for (int64_t s : {2, 9, 24, 64, 65})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{300, 512}, {1000, 5120}}) {
+      check_linear(*this, WeightMode::kF32, DType::kBF16, s, n, k);
+      check_linear(*this, WeightMode::kBf16, DType::kBF16, s, n, k);
+    }
 }
 
 TEST_F(DenseOps, GroupedLinear) {

@@ -232,8 +232,17 @@ Tensor CudaBackend::linear(const Tensor& x, const Weight& w) {
   switch (w.mode) {
     case WeightMode::kFp8Block:
     case WeightMode::kFp4Expert: cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_); break;
-    case WeightMode::kBf16: cuda::dense::float_linear(x.f32(), s, w, true, y.f32()); break;
-    case WeightMode::kF32: cuda::dense::float_linear(x.f32(), s, w, false, y.f32()); break;
+    case WeightMode::kBf16:
+    case WeightMode::kF32: {
+      const bool bf16_out = w.mode == WeightMode::kBf16;
+      // batched rows on the tensor cores; one row (and every row count in the batch-invariant mode)
+      // on the CUDA-core kernel
+      if (!batch_invariant_ && cuda::dense::bf16_mma_fits(x.f32(), s, w))
+        cuda::dense::bf16_mma_linear(x.f32(), s, w, bf16_out, y.f32());
+      else
+        cuda::dense::float_linear(x.f32(), s, w, bf16_out, y.f32());
+      break;
+    }
   }
   return y;
 }

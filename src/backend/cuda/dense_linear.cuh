@@ -35,6 +35,12 @@ int nt_for(int64_t tokens);
 // stored as BF16, F16 or F32.
 void float_linear(const float* x, int64_t rows, const Weight& w, bool bf16_out, float* y);
 
+// y = x W^T for BF16-stored weights on the bf16 tensor cores (dense_bf16_mma.cu): fp32 sums, x split
+// into bf16 hi + lo. Takes 2+ rows, K % 64 == 0, 16-byte aligned x and W; not batch-invariant across
+// row counts (the float kernel is used in that mode and for one row).
+bool bf16_mma_fits(const float* x, int64_t rows, const Weight& w);
+void bf16_mma_linear(const float* x, int64_t rows, const Weight& w, bool bf16_out, float* y);
+
 // Block-diagonal: x [S, G*K], W [G*R, K] kFp8Block, y [S, G*R] = bf16(x_g . dequant(W_o)).
 void grouped_linear(const float* x, int64_t rows, const Weight& w, int groups, float* y);
 
