@@ -281,26 +281,34 @@ TEST_F(DenseOps, LinearBf16TensorCores) {
     }
 }
 
-TEST_F(DenseOps, GroupedLinear) {
-  for (int64_t s : {1, 3, 17, 130})
-    for (auto [groups, rpg, k] : {std::tuple<int, int64_t, int64_t>{4, 48, 96}, {8, 16, 256}, {2, 40, 544}}) {
-      SCOPED_TRACE("grouped S=" + std::to_string(s) + " G=" + std::to_string(groups) + " R=" + std::to_string(rpg) +
-                   " K=" + std::to_string(k));
-      OwnedWeight w = uniform_fp8_weight(rng(), groups * rpg, k, *gpu);
-      std::vector<float> xv = random_activation(rng(), s, groups * k);
-      for (float& v : xv) v = quant::round_bf16(v);  // the reference's bf16 einsum input
-      Tensor yc = cpu->grouped_linear(cpu->from_host_f32(xv, {s, groups * k}), w.w, groups);
-      Tensor yg = gpu->grouped_linear(gpu->from_host_f32(xv, {s, groups * k}), w.w, groups);
-      ASSERT_EQ(yg.shape, (std::vector<int64_t>{s, groups * rpg}));
-      std::vector<float> want = cpu->to_host_f32(yc), got = gpu->to_host_f32(yg);
-      const std::vector<double> l1 = abs_sums(xv, s, groups * k, host_weight_values(w.w), groups * rpg, k, rpg);
-      std::string worst;
-      EXPECT_EQ(count_outside(got, want, l1, true, 0.0, 0x1p-20, &worst), 0)
-          << "worst " << worst << "; " << compare(got, want).str() << ", " << seed_note();
-    }
+void check_grouped_linear(DenseOps& t, int64_t s, int groups, int64_t rpg, int64_t k) {
+  SCOPED_TRACE("grouped S=" + std::to_string(s) + " G=" + std::to_string(groups) + " R=" + std::to_string(rpg) +
+               " K=" + std::to_string(k));
+  OwnedWeight w = uniform_fp8_weight(t.rng(), groups * rpg, k, *t.gpu);
+  std::vector<float> xv = random_activation(t.rng(), s, groups * k);
+  for (float& v : xv) v = quant::round_bf16(v);  // the reference's bf16 einsum input
+  Tensor yc = t.cpu->grouped_linear(t.cpu->from_host_f32(xv, {s, groups * k}), w.w, groups);
+  Tensor yg = t.gpu->grouped_linear(t.gpu->from_host_f32(xv, {s, groups * k}), w.w, groups);
+  ASSERT_EQ(yg.shape, (std::vector<int64_t>{s, groups * rpg}));
+  std::vector<float> want = t.cpu->to_host_f32(yc), got = t.gpu->to_host_f32(yg);
+  const std::vector<double> l1 = abs_sums(xv, s, groups * k, host_weight_values(w.w), groups * rpg, k, rpg);
+  const bool tensor_cores = s >= 2 && rpg % 256 == 0 && k % 64 == 0;  // cuda::dense::grouped_mma_fits
+  std::string worst;
+  EXPECT_EQ(count_outside(got, want, l1, true, 0.0, tensor_cores ? 0x1p-14 : 0x1p-20, &worst), 0)
+      << "worst " << worst << "; " << compare(got, want).str() << ", " << t.seed_note();
+  std::printf("[ info     ] %s grouped_linear S=%lld G=%d R=%lld K=%lld: %s\n", tensor_cores ? "mma " : "cuda",
+              static_cast<long long>(s), groups, static_cast<long long>(rpg), static_cast<long long>(k),
+              compare(got, want).str().c_str());
 }
 
-// ---- embed / norms / rope / rounding ------------------------------------------------------------------
+TEST_F(DenseOps, GroupedLinear) {
+  for (int64_t s : {1, 3, 17, 130})
+    for (auto [groups, rpg, k] : {std::tuple<int, int64_t, int64_t>{4, 48, 96}, {8, 16, 256}, {2, 40, 544}})
+      check_grouped_linear(*this, s, groups, rpg, k);
+  // the tensor-core path (R % 256 == 0): token-tile widths, a partial 64-token tile, wo_a's shape
+  for (int64_t s : {2, 9, 24, 65}) check_grouped_linear(*this, s, 2, 256, 512);
+  check_grouped_linear(*this, 64, 8, 1024, 4096);
+}
 
 TEST_F(DenseOps, EmbedBitExact) {
   for (DType dt : {DType::kBF16, DType::kF32}) {

@@ -250,7 +250,10 @@ Tensor CudaBackend::linear(const Tensor& x, const Weight& w) {
 Tensor CudaBackend::grouped_linear(const Tensor& x, const Weight& w, int groups) {
   DI_CHECK(x.type == TType::kF32 && groups > 0 && x.row_size() == groups * w.cols);
   Tensor y = alloc(TType::kF32, {x.rows(), w.rows});
-  cuda::dense::grouped_linear(x.f32(), x.rows(), w, groups, y.f32());
+  if (!batch_invariant_ && cuda::dense::grouped_mma_fits(x.f32(), x.rows(), w, groups))  // as linear()
+    cuda::dense::grouped_mma_linear(x.f32(), x.rows(), w, groups, y.f32());
+  else
+    cuda::dense::grouped_linear(x.f32(), x.rows(), w, groups, y.f32());
   return y;
 }
 

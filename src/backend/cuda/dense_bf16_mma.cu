@@ -1,18 +1,24 @@
-// Dense linears with BF16 weights (the fp32 head; compressor and indexer projections) on the bf16
-// tensor cores, for batched rows: y[S, N] = x W^T with fp32 sums (mma.sync m16n8k16). At 64 rows the
-// CUDA-core kernel (fp64 sums for fp32 outputs) took 9.2 ms for the head, whose weights stream in
-// 0.31 ms. x is split into bf16 hi + lo (lo = bf16(x - hi)), two MMAs per tile: the products are
-// exact to ~2^-16 relative for any fp32 x, and exact for the bf16 values the model passes (lo = 0).
-// The sums are the tensor core's fp32, not fp64 rounded once: within a few fp32 ulps of the CPU's.
+// Dense linears on the bf16 tensor cores for batched rows: y[S, N] = x W^T with fp32 sums (mma.sync
+// m16n8k16), for BF16 weights (the fp32 head; compressor and indexer projections) and for the FP8
+// 32x32-block weights of the grouped output projection wo_a (each weight value times its block scale
+// is exact in bf16). At 64 rows the CUDA-core kernels took 9.2 ms for the head (fp64 sums), whose
+// weights stream in 0.31 ms, and 0.43 ms per layer for wo_a. x is split into bf16 hi + lo
+// (lo = bf16(x - hi)), two MMAs per tile: the products are exact to ~2^-16 relative for any fp32 x,
+// and exact for the bf16 values the model passes (lo = 0). The sums are the tensor core's fp32, not
+// fp64 rounded once / the CPU's order: within a few fp32 ulps of the CPU's.
 //
-// CTA: 8 warps x 32 weight rows, 8 NT tokens. K in chunks of 64: a lane loads 16 bytes of each of
-// its 4 rows at k [8q, 8q + 8) and [32 + 8q, +8) (64 contiguous bytes per row and load), which feed
-// the MMA k slots in a fixed permutation that the staged activations follow; the next chunk's weights
-// and activations load while this one computes.
+// CTA: 8 warps x 32 weight rows, 8 NT tokens. K in chunks of 64; the next chunk's weights and
+// activations load while this one computes. A lane's 16 weight values of a row per chunk feed the MMA
+// k slots in a fixed permutation that the staged activations follow (step_k).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/dense_linear.cuh"
+#include "backend/cuda/gemm_workspace.cuh"
 
 namespace di::cuda::dense {
 namespace {
@@ -31,9 +37,10 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t word_of(const uint4 (&v)[2], int w) {
-  const uint4& u = v[w / 4];
-  switch (w % 4) {
+enum class MmaWeight { kBf16, kFp8Block };
+
+__device__ __forceinline__ uint32_t word_of(const uint4& u, int w) {
+  switch (w) {
     case 0: return u.x;
     case 1: return u.y;
     case 2: return u.z;
@@ -41,21 +48,44 @@ __device__ __forceinline__ uint32_t word_of(const uint4 (&v)[2], int w) {
   }
 }
 
-// Lane word w (0..7) of a row chunk holds k = kof(w), kof(w) + 1 (bf16 pairs): the lane's 16 bytes
-// at [8q, 8q + 8) then [32 + 8q, +8). MMA step s (k16) takes words 2s (slots 2q, 2q+1) and 2s + 1
-// (slots 2q+8, 2q+9): k [8q + 4s, +4) for s < 2, [32 + 8q + 4(s - 2), +4) after.
-__device__ __forceinline__ int step_k(int q, int s) { return s < 2 ? 8 * q + 4 * s : 32 + 8 * q + 4 * (s - 2); }
+// A lane's 8 bf16 pairs (words) of a row chunk: word w holds k = kof(w), kof(w) + 1. MMA step s (k16)
+// takes words 2s (slots 2q, 2q+1) and 2s + 1 (slots 2q+8, 2q+9), i.e. k [step_k(s), +4).
+// BF16: the lane's two 16-byte loads at [8q, 8q + 8) and [32 + 8q, +8) (each load 64 contiguous bytes
+// of the row across the 4 lanes). FP8: one 16-byte load at [16q, 16q + 16), one scale block.
+template <MmaWeight F>
+__device__ __forceinline__ int step_k(int q, int s) {
+  if constexpr (F == MmaWeight::kBf16) return s < 2 ? 8 * q + 4 * s : 32 + 8 * q + 4 * (s - 2);
+  return 16 * q + 4 * s;
+}
 
-template <int NT>
+// 4 E4M3 codes x a power-of-two scale -> 2 bf16 pairs (exact).
+__device__ __forceinline__ void e4m3x4_to_bf16(uint32_t codes, float scale, uint32_t& lo, uint32_t& hi) {
+  const __half2 a = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xFFFFu), __NV_E4M3));
+  const __half2 b = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes >> 16), __NV_E4M3));
+  const float2 fa = __half22float2(a), fb = __half22float2(b);
+  const __nv_bfloat162 ba = __floats2bfloat162_rn(fa.x * scale, fa.y * scale);
+  const __nv_bfloat162 bb = __floats2bfloat162_rn(fb.x * scale, fb.y * scale);
+  lo = *reinterpret_cast<const uint32_t*>(&ba);
+  hi = *reinterpret_cast<const uint32_t*>(&bb);
+}
+
+// x row t of the CTA's group: x + t * x_stride + group * K (group = first row / rows_per_group; a
+// CTA's rows share one group). wscale: FP8 block scales [ceil(N / 32), scale_cols] (E8M0).
+template <int NT, MmaWeight F>
 __global__ void __launch_bounds__(kMmaThreads, 1)
-    bf16_mma_kernel(const float* __restrict__ x, int S, const uint16_t* __restrict__ w, int N, int K, bool bf16_out,
-                    float* __restrict__ y) {
+    bf16_mma_kernel(const float* __restrict__ x, int64_t x_stride, int rows_per_group, int S, const uint8_t* __restrict__ w,
+                    const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int k_per_split,
+                    bool bf16_out, float* __restrict__ y, float* __restrict__ partial) {
   constexpr int kTok = 8 * NT;
+  constexpr bool kFp8 = F == MmaWeight::kFp8Block;
+  constexpr int kLoads = kFp8 ? 1 : 2;  // 16-byte weight loads per row per chunk
   __shared__ __align__(16) __nv_bfloat16 xs[2][2][kTok][kXStride];  // [buffer][hi, lo][token][k]
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
   const int t0 = blockIdx.y * kTok, tokens = min(kTok, S - t0);
   const int row0 = blockIdx.x * kRowsPerCta + warp * 32;
-  const uint16_t* wr[2][2];
+  const float* xg = x + static_cast<int64_t>(blockIdx.x * kRowsPerCta / rows_per_group) * K;
+  const int64_t row_bytes = kFp8 ? K : 2 * static_cast<int64_t>(K);
+  const uint8_t* wr[2][2];
   bool ok[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -63,22 +93,26 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     for (int h = 0; h < 2; ++h) {
       const int r = row0 + 16 * mt + 8 * h + g;
       ok[mt][h] = r < N;
-      wr[mt][h] = w + static_cast<int64_t>(ok[mt][h] ? r : 0) * K + 8 * q;
+      wr[mt][h] = w + static_cast<int64_t>(ok[mt][h] ? r : 0) * row_bytes + 16 * q;
     }
-  auto load_w = [&](uint4 (&a)[2][2][2], int k0) {
+  const uint8_t* sc_row = kFp8 ? wscale + static_cast<int64_t>(row0 < N ? row0 / 32 : 0) * scale_cols : nullptr;
+  // chunk k0's weight words of rows (mt, h) and (FP8) the scale of the lane's 32-block
+  auto load_w = [&](uint4 (&a)[2][2][kLoads], uint32_t& sc, int k0) {
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        a[mt][h][0] = ok[mt][h] ? __ldg(reinterpret_cast<const uint4*>(wr[mt][h] + k0)) : make_uint4(0u, 0u, 0u, 0u);
-        a[mt][h][1] = ok[mt][h] ? __ldg(reinterpret_cast<const uint4*>(wr[mt][h] + k0 + 32)) : make_uint4(0u, 0u, 0u, 0u);
-      }
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int l = 0; l < kLoads; ++l)  // BF16: bytes [16q, +16) of [2 k0, +64) and of [2 k0 + 64, +64)
+          a[mt][h][l] = ok[mt][h] ? __ldg(reinterpret_cast<const uint4*>(wr[mt][h] + (kFp8 ? k0 : 2 * k0 + 64 * l)))
+                                  : make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kFp8) sc = __ldg(sc_row + (k0 + 16 * q) / 32);
   };
   // tokens x 64 fp32 of chunk k0 -> bf16 hi / lo, a float4 per thread step
   auto stage_x = [&](int buf, int k0) {
     for (int i = threadIdx.x; i < kTok * (kChunk / 4); i += kMmaThreads) {
       const int t = i / (kChunk / 4), c = i % (kChunk / 4);
-      const float4 v = t < tokens ? __ldg(reinterpret_cast<const float4*>(x + static_cast<int64_t>(t0 + t) * K + k0) + c)
+      const float4 v = t < tokens ? __ldg(reinterpret_cast<const float4*>(xg + (t0 + t) * x_stride + k0) + c)
                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       const __nv_bfloat162 h01 = __floats2bfloat162_rn(v.x, v.y), h23 = __floats2bfloat162_rn(v.z, v.w);
       const __nv_bfloat162 l01 = __floats2bfloat162_rn(v.x - __low2float(h01), v.y - __high2float(h01));
@@ -88,29 +122,47 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       hi[0] = h01, hi[1] = h23, lo[0] = l01, lo[1] = l23;
     }
   };
+  // this CTA's K range (blockIdx.z of the split)
+  const int k_begin = blockIdx.z * k_per_split, k_end = min(K, k_begin + k_per_split);
   float acc[2][NT][4] = {};
-  uint4 cur[2][2][2], nxt[2][2][2];
-  load_w(cur, 0);
-  stage_x(0, 0);
+  uint4 cur[2][2][kLoads], nxt[2][2][kLoads];
+  uint32_t cur_sc = 0, nxt_sc = 0;
+  load_w(cur, cur_sc, k_begin);
+  stage_x(0, k_begin);
   __syncthreads();
   const int nt_active = (tokens + 7) / 8;
-  for (int k0 = 0, it = 0; k0 < K; k0 += kChunk, ++it) {
+  for (int k0 = k_begin, it = 0; k0 < k_end; k0 += kChunk, ++it) {
     const int buf = it & 1;
-    if (k0 + kChunk < K) {
-      load_w(nxt, k0 + kChunk);
+    if (k0 + kChunk < k_end) {
+      load_w(nxt, nxt_sc, k0 + kChunk);
       stage_x(buf ^ 1, k0 + kChunk);
     }
+    uint32_t wv[2][2][8];  // [mt][h][word]: bf16 pairs
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (kFp8) {
+            e4m3x4_to_bf16(word_of(cur[mt][h][0], j), e8m0_to_float(static_cast<uint8_t>(cur_sc)), wv[mt][h][2 * j],
+                           wv[mt][h][2 * j + 1]);
+          } else {
+            wv[mt][h][j] = word_of(cur[mt][h][0], j);
+            wv[mt][h][4 + j] = word_of(cur[mt][h][kLoads - 1], j);
+          }
+        }
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       uint32_t a[2][4];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        a[mt][0] = word_of(cur[mt][0], 2 * s);
-        a[mt][1] = word_of(cur[mt][1], 2 * s);
-        a[mt][2] = word_of(cur[mt][0], 2 * s + 1);
-        a[mt][3] = word_of(cur[mt][1], 2 * s + 1);
+        a[mt][0] = wv[mt][0][2 * s];
+        a[mt][1] = wv[mt][1][2 * s];
+        a[mt][2] = wv[mt][0][2 * s + 1];
+        a[mt][3] = wv[mt][1][2 * s + 1];
       }
-      const int kk = step_k(q, s);
+      const int kk = step_k<F>(q, s);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         if (nt >= nt_active) break;
@@ -125,7 +177,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) cur[mt][h][0] = nxt[mt][h][0], cur[mt][h][1] = nxt[mt][h][1];
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int l = 0; l < kLoads; ++l) cur[mt][h][l] = nxt[mt][h][l];
+    cur_sc = nxt_sc;
     __syncthreads();  // buffer `buf` is read; the other one is staged
   }
 #pragma unroll
@@ -137,35 +192,81 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         const int r = row0 + 16 * mt + 8 * (i >> 1) + g, t = nt * 8 + 2 * q + (i & 1);
         if (r < N && t < tokens) {
           const float v = acc[mt][nt][i];
-          y[static_cast<int64_t>(t0 + t) * N + r] = bf16_out ? round_bf16(v) : v;
+          const int64_t at = static_cast<int64_t>(t0 + t) * N + r;
+          if (partial) partial[blockIdx.z * static_cast<int64_t>(S) * N + at] = v;
+          else y[at] = bf16_out ? round_bf16(v) : v;
         }
       }
 }
 
-template <int NT>
-void launch_bf16_mma(const float* x, int64_t S, const Weight& w, bool bf16_out, float* y) {
-  const dim3 grid(static_cast<unsigned>((w.rows + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>((S + 8 * NT - 1) / (8 * NT)));
-  bf16_mma_kernel<NT><<<grid, kMmaThreads>>>(x, static_cast<int>(S), reinterpret_cast<const uint16_t*>(wdata(w)),
-                                            static_cast<int>(w.rows), static_cast<int>(w.cols), bf16_out, y);
+// y = the K splits' partials [splits, n] summed in split order (bf16-rounded when bf16_out).
+__global__ void sum_splits_kernel(const float* __restrict__ partial, int splits, int64_t n, bool bf16_out,
+                                  float* __restrict__ y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = 0.0f;
+  for (int z = 0; z < splits; ++z) v += partial[z * n + i];
+  y[i] = bf16_out ? round_bf16(v) : v;
+}
+
+// K splits: a CTA streams its rows' weights one 64-wide chunk at a time, so few row CTAs (wo_a: 32 of
+// 256 rows) leave most SMs idle and each warp a long chain of chunks. Split K until about two CTAs
+// per SM, each split >= 8 chunks; results are summed in split order by a second kernel.
+template <MmaWeight F, int NT>
+void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y) {
+  const int64_t ctas = (w.rows + kRowsPerCta - 1) / kRowsPerCta * ((S + 8 * NT - 1) / (8 * NT));
+  const int64_t chunks = w.cols / kChunk;
+  const int64_t splits = std::clamp<int64_t>(264 / ctas, 1, std::max<int64_t>(1, chunks / 8));
+  const int64_t per_split = (chunks + splits - 1) / splits * kChunk;
+  const int64_t used = (w.cols + per_split - 1) / per_split;
+  float* partial = used > 1 ? workspace_as<float>(Ws::kPartial, static_cast<size_t>(used * S * w.rows)) : nullptr;
+  const dim3 grid(static_cast<unsigned>((w.rows + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>((S + 8 * NT - 1) / (8 * NT)),
+                  static_cast<unsigned>(used));
+  bf16_mma_kernel<NT, F><<<grid, kMmaThreads>>>(x, x_stride, rows_per_group, static_cast<int>(S), wdata(w),
+                                                F == MmaWeight::kFp8Block ? wscale(w) : nullptr, w.scale_cols,
+                                                static_cast<int>(w.rows), static_cast<int>(w.cols),
+                                                static_cast<int>(per_split), bf16_out, y, partial);
   DI_CUDA_LAUNCH_CHECK();
+  if (partial) {
+    const int64_t n = S * w.rows;
+    sum_splits_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(partial, static_cast<int>(used), n, bf16_out, y);
+    DI_CUDA_LAUNCH_CHECK();
+  }
+}
+
+template <MmaWeight F>
+void launch(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y) {
+  switch (nt_for(S)) {
+    case 1: return launch_nt<F, 1>(x, x_stride, rows_per_group, S, w, bf16_out, y);
+    case 2: return launch_nt<F, 2>(x, x_stride, rows_per_group, S, w, bf16_out, y);
+    case 4: return launch_nt<F, 4>(x, x_stride, rows_per_group, S, w, bf16_out, y);
+    default: return launch_nt<F, 8>(x, x_stride, rows_per_group, S, w, bf16_out, y);
+  }
+}
+
+bool shapes_fit(const float* x, int64_t rows, const Weight& w) {
+  return rows >= 2 && w.cols % kChunk == 0 && w.rows < (1LL << 31) && w.cols < (1LL << 31) &&
+         (rows + 63) / 64 <= 65535 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(wdata(w)) % 16 == 0;
 }
 
 }  // namespace
 
-bool bf16_mma_fits(const float* x, int64_t rows, const Weight& w) {
-  return w.dtype == DType::kBF16 && rows >= 2 && w.cols % kChunk == 0 && w.rows < (1LL << 31) &&
-         rows * w.cols < (1LL << 31) && (rows + 63) / 64 <= 65535 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(wdata(w)) % 16 == 0;
-}
+bool bf16_mma_fits(const float* x, int64_t rows, const Weight& w) { return w.dtype == DType::kBF16 && shapes_fit(x, rows, w); }
 
 void bf16_mma_linear(const float* x, int64_t rows, const Weight& w, bool bf16_out, float* y) {
   DI_CHECK(bf16_mma_fits(x, rows, w));
-  switch (nt_for(rows)) {
-    case 1: return launch_bf16_mma<1>(x, rows, w, bf16_out, y);
-    case 2: return launch_bf16_mma<2>(x, rows, w, bf16_out, y);
-    case 4: return launch_bf16_mma<4>(x, rows, w, bf16_out, y);
-    default: return launch_bf16_mma<8>(x, rows, w, bf16_out, y);
-  }
+  launch<MmaWeight::kBf16>(x, w.cols, static_cast<int>(std::max<int64_t>(w.rows, 1)), rows, w, bf16_out, y);
+}
+
+bool grouped_mma_fits(const float* x, int64_t rows, const Weight& w, int groups) {
+  return w.mode == WeightMode::kFp8Block && groups > 0 && w.rows % groups == 0 && (w.rows / groups) % kRowsPerCta == 0 &&
+         w.scale != nullptr && shapes_fit(x, rows, w);
+}
+
+void grouped_mma_linear(const float* x, int64_t rows, const Weight& w, int groups, float* y) {
+  DI_CHECK(grouped_mma_fits(x, rows, w, groups));
+  launch<MmaWeight::kFp8Block>(x, w.cols * groups, static_cast<int>(w.rows / groups), rows, w, true, y);
 }
 
 }  // namespace di::cuda::dense

@@ -41,6 +41,11 @@ void float_linear(const float* x, int64_t rows, const Weight& w, bool bf16_out, 
 bool bf16_mma_fits(const float* x, int64_t rows, const Weight& w);
 void bf16_mma_linear(const float* x, int64_t rows, const Weight& w, bool bf16_out, float* y);
 
+// grouped_linear on the same tensor-core kernel (FP8 block weights dequantized to bf16, exact): 2+
+// rows, R % 256 == 0, K % 64 == 0.
+bool grouped_mma_fits(const float* x, int64_t rows, const Weight& w, int groups);
+void grouped_mma_linear(const float* x, int64_t rows, const Weight& w, int groups, float* y);
+
 // Block-diagonal: x [S, G*K], W [G*R, K] kFp8Block, y [S, G*R] = bf16(x_g . dequant(W_o)).
 void grouped_linear(const float* x, int64_t rows, const Weight& w, int groups, float* y);
 
