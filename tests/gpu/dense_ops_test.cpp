@@ -12,7 +12,7 @@
 //    |d| <= 1 bf16 ulp of |want| + 2^-20 * sum_k |x_k w_k| (the fp32 summation error allowance);
 //    2^-14 on the tensor cores (below).
 //  - linear kF32 (fp64 sums, rounded once): |d| <= 1e-6 |want| + 1e-12 * sum_k |x_k w_k|; with BF16
-//    weights at 2+ rows and K % 64 == 0 (bf16 tensor cores, x split into bf16 hi + lo, fp32 sums):
+//    weights and K % 64 == 0 (bf16 tensor cores, x split into bf16 hi + lo, fp32 sums):
 //    |d| <= 1e-6 |want| + 2^-14 * sum_k |x_k w_k| (the split leaves <= 2^-17 |x_k w_k| per product,
 //    the fp32 sums their rounding); a wrong row, token or K chunk is off by O(|x_k w_k|).
 //  - rmsnorm: within 1 bf16 ulp, and bit-exact (same sum-of-squares order as the CPU).
@@ -224,7 +224,7 @@ void check_linear(DenseOps& t, WeightMode mode, DType dtype, int64_t s, int64_t 
     return;
   }
   const bool f32 = mode == WeightMode::kF32;
-  const bool tensor_cores = dtype == DType::kBF16 && s >= 2 && k % 64 == 0;  // cuda::dense::bf16_mma_fits
+  const bool tensor_cores = dtype == DType::kBF16 && k % 64 == 0;  // cuda::dense::bf16_mma_fits
   const int64_t bad = f32 ? count_outside(got, want, l1, false, 1e-6, tensor_cores ? 0x1p-14 : 1e-12, &worst)
                           : count_outside(got, want, l1, true, 0.0, tensor_cores ? 0x1p-14 : 0x1p-20, &worst);
   EXPECT_EQ(bad, 0) << "worst " << worst << "; " << c.str() << ", " << t.seed_note();
@@ -271,10 +271,10 @@ TEST_F(DenseOps, LinearF32) {
   check_linear(*this, WeightMode::kF32, DType::kF16, 3, 96, 264);
 }
 
-// BF16 weights at 2+ rows on the tensor cores: every token-tile width, a partial last 64-token tile,
+// BF16 weights on the tensor cores: every token-tile width, a partial last 64-token tile,
 // rows that leave warps and CTAs partly empty, the head's K; x not bf16-valued (the lo half is used).
 TEST_F(DenseOps, LinearBf16TensorCores) {
-  for (int64_t s : {2, 9, 24, 64, 65})
+  for (int64_t s : {1, 2, 9, 24, 64, 65})
     for (auto [n, k] : {std::pair<int64_t, int64_t>{300, 512}, {1000, 5120}}) {
       check_linear(*this, WeightMode::kF32, DType::kBF16, s, n, k);
       check_linear(*this, WeightMode::kBf16, DType::kBF16, s, n, k);
@@ -292,7 +292,7 @@ void check_grouped_linear(DenseOps& t, int64_t s, int groups, int64_t rpg, int64
   ASSERT_EQ(yg.shape, (std::vector<int64_t>{s, groups * rpg}));
   std::vector<float> want = t.cpu->to_host_f32(yc), got = t.gpu->to_host_f32(yg);
   const std::vector<double> l1 = abs_sums(xv, s, groups * k, host_weight_values(w.w), groups * rpg, k, rpg);
-  const bool tensor_cores = s >= 2 && rpg % 256 == 0 && k % 64 == 0;  // cuda::dense::grouped_mma_fits
+  const bool tensor_cores = rpg % 256 == 0 && k % 64 == 0;  // cuda::dense::grouped_mma_fits
   std::string worst;
   EXPECT_EQ(count_outside(got, want, l1, true, 0.0, tensor_cores ? 0x1p-14 : 0x1p-20, &worst), 0)
       << "worst " << worst << "; " << compare(got, want).str() << ", " << t.seed_note();
@@ -306,7 +306,7 @@ TEST_F(DenseOps, GroupedLinear) {
     for (auto [groups, rpg, k] : {std::tuple<int, int64_t, int64_t>{4, 48, 96}, {8, 16, 256}, {2, 40, 544}})
       check_grouped_linear(*this, s, groups, rpg, k);
   // the tensor-core path (R % 256 == 0): token-tile widths, a partial 64-token tile, wo_a's shape
-  for (int64_t s : {2, 9, 24, 65}) check_grouped_linear(*this, s, 2, 256, 512);
+  for (int64_t s : {1, 2, 9, 24, 65}) check_grouped_linear(*this, s, 2, 256, 512);
   check_grouped_linear(*this, 64, 8, 1024, 4096);
 }
 

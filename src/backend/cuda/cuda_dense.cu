@@ -235,8 +235,8 @@ Tensor CudaBackend::linear(const Tensor& x, const Weight& w) {
     case WeightMode::kBf16:
     case WeightMode::kF32: {
       const bool bf16_out = w.mode == WeightMode::kBf16;
-      // batched rows on the tensor cores; one row (and every row count in the batch-invariant mode)
-      // on the CUDA-core kernel
+      // on the tensor cores; in the batch-invariant mode on the CUDA-core kernel (invariant by
+      // construction)
       if (!batch_invariant_ && cuda::dense::bf16_mma_fits(x.f32(), s, w))
         cuda::dense::bf16_mma_linear(x.f32(), s, w, bf16_out, y.f32());
       else

@@ -245,7 +245,7 @@ void launch(const float* x, int64_t x_stride, int rows_per_group, int64_t S, con
 }
 
 bool shapes_fit(const float* x, int64_t rows, const Weight& w) {
-  return rows >= 2 && w.cols % kChunk == 0 && w.rows < (1LL << 31) && w.cols < (1LL << 31) &&
+  return rows >= 1 && w.cols % kChunk == 0 && w.rows < (1LL << 31) && w.cols < (1LL << 31) &&
          (rows + 63) / 64 <= 65535 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(wdata(w)) % 16 == 0;
 }

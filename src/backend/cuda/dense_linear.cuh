@@ -36,13 +36,13 @@ int nt_for(int64_t tokens);
 void float_linear(const float* x, int64_t rows, const Weight& w, bool bf16_out, float* y);
 
 // y = x W^T for BF16-stored weights on the bf16 tensor cores (dense_bf16_mma.cu): fp32 sums, x split
-// into bf16 hi + lo. Takes 2+ rows, K % 64 == 0, 16-byte aligned x and W; not batch-invariant across
-// row counts (the float kernel is used in that mode and for one row).
+// into bf16 hi + lo. Takes K % 64 == 0, 16-byte aligned x and W; not batch-invariant across row counts
+// (the float kernel is used in that mode).
 bool bf16_mma_fits(const float* x, int64_t rows, const Weight& w);
 void bf16_mma_linear(const float* x, int64_t rows, const Weight& w, bool bf16_out, float* y);
 
-// grouped_linear on the same tensor-core kernel (FP8 block weights dequantized to bf16, exact): 2+
-// rows, R % 256 == 0, K % 64 == 0.
+// grouped_linear on the same tensor-core kernel (FP8 block weights dequantized to bf16, exact):
+// R % 256 == 0, K % 64 == 0.
 bool grouped_mma_fits(const float* x, int64_t rows, const Weight& w, int groups);
 void grouped_mma_linear(const float* x, int64_t rows, const Weight& w, int groups, float* y);
 
