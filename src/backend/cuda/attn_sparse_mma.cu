@@ -20,6 +20,7 @@
 #include "backend/cuda/batch_invariance.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/mma_gemm.cuh"
 
 namespace di::cuda::attn {
 namespace {
@@ -36,15 +37,6 @@ __device__ __forceinline__ uint32_t lds32(const __nv_bfloat16* p) { return *rein
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);  // exact for bf16 values
   return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// d += A (16x16 bf16, row) x B (16x8 bf16, col), fp32.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // B fragments of a [16 k x 8 n] tile stored k-major (row k at base + k * stride): lanes 0-15 address
@@ -146,7 +138,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int k0 = 0; k0 < dh; k0 += 16) {
       const uint32_t a[4] = {lds32(qa + k0), lds32(qa + 8 * st + k0), lds32(qa + k0 + 8), lds32(qa + 8 * st + k0 + 8)};
 #pragma unroll
-      for (int t = 0; t < 4; ++t) mma_bf16(acc[t], a, lds32(kb + 8 * t * st + k0), lds32(kb + 8 * t * st + k0 + 8));
+      for (int t = 0; t < 4; ++t) mma::mma_bf16(acc[t], a, lds32(kb + 8 * t * st + k0), lds32(kb + 8 * t * st + k0 + 8));
     }
   }
   // scale, -inf for missing keys, to the score buffer [rows, heads, nblk * 64]; block maxima
@@ -256,7 +248,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int ks = 0; ks < 4; ++ks) {
         uint32_t b0, b1;
         ldmatrix_b_trans(vrow + 16 * ks * st + d0 + 8 * t, b0, b1);
-        mma_bf16(acc[t], a[ks], b0, b1);
+        mma::mma_bf16(acc[t], a[ks], b0, b1);
       }
     }
 #pragma unroll

@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/dense_linear.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
+#include "backend/cuda/mma_gemm.cuh"
 
 namespace di::cuda::dense {
 namespace {
@@ -28,14 +29,6 @@ constexpr int kMmaThreads = kMmaWarps * 32;
 constexpr int kRowsPerCta = kMmaWarps * 32;
 constexpr int kChunk = 64;            // K per pipeline step
 constexpr int kXStride = kChunk + 4;  // bf16 per staged token row (8-byte aligned rows)
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 enum class MmaWeight { kBf16, kFp8Block };
 
@@ -87,14 +80,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const int64_t row_bytes = kFp8 ? K : 2 * static_cast<int64_t>(K);
   const uint8_t* wr[2][2];
   bool ok[2][2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row0 + 16 * mt + 8 * h + g;
-      ok[mt][h] = r < N;
-      wr[mt][h] = w + static_cast<int64_t>(ok[mt][h] ? r : 0) * row_bytes + 16 * q;
-    }
+  mma::warp_rows(w, row0, N, row_bytes, 16 * q, wr, ok);
   const uint8_t* sc_row = kFp8 ? wscale + static_cast<int64_t>(row0 < N ? row0 / 32 : 0) * scale_cols : nullptr;
   // chunk k0's weight words of rows (mt, h) and (FP8) the scale of the lane's 32-block
   auto load_w = [&](uint4 (&a)[2][2][kLoads], uint32_t& sc, int k0) {
@@ -170,7 +156,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         for (int part = 0; part < 2; ++part) {  // hi, then lo
           const uint2 b = *reinterpret_cast<const uint2*>(&xs[buf][part][nt * 8 + g][kk]);
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) mma_bf16(acc[mt][nt], a[mt], b.x, b.y);
+          for (int mt = 0; mt < 2; ++mt) mma::mma_bf16(acc[mt][nt], a[mt], b.x, b.y);
         }
       }
     }
@@ -183,20 +169,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     cur_sc = nxt_sc;
     __syncthreads();  // buffer `buf` is read; the other one is staged
   }
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = row0 + 16 * mt + 8 * (i >> 1) + g, t = nt * 8 + 2 * q + (i & 1);
-        if (r < N && t < tokens) {
-          const float v = acc[mt][nt][i];
-          const int64_t at = static_cast<int64_t>(t0 + t) * N + r;
-          if (partial) partial[blockIdx.z * static_cast<int64_t>(S) * N + at] = v;
-          else y[at] = bf16_out ? round_bf16(v) : v;
-        }
-      }
+  mma::for_each_acc(acc, row0, N, tokens, [&](int r, int t, float v) {
+    const int64_t at = static_cast<int64_t>(t0 + t) * N + r;
+    if (partial) partial[blockIdx.z * static_cast<int64_t>(S) * N + at] = v;
+    else y[at] = bf16_out ? round_bf16(v) : v;
+  });
 }
 
 // y = the K splits' partials [splits, n] summed in split order (bf16-rounded when bf16_out).

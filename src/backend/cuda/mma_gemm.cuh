@@ -17,8 +17,9 @@
 // 8-byte load; 4 lanes cover a row's 32-byte sector) and 8 of an activation row.
 //
 // MXFP4 weights (E2M1, per-row-per-32 E8M0 scales) are widened to E4M3 in registers (every E2M1
-// value is exact in E4M3): 4 packed bytes of a row give the lane's 8 codes. They are stored tiled
-// (fp4_layout.cuh): a lane's 4 rows of a K block are one 16-byte load, its scales of 4 blocks another.
+// value is exact in E4M3). They are stored tiled and re-encoded (fp4_layout.cuh): a lane's 4 rows of
+// a K block are one 16-byte load, its scales of 4 blocks another, and a row's word gives its 8 codes
+// as E4M3 bytes in a few logic ops (fp4_lo / fp4_hi).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -86,6 +87,30 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f), "f"(0.0f), "f"(0.0f));
 }
 
+// d += A (16x16 bf16, row) x B (16x8 bf16, col), fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The lane's 4 weight rows of a 32-row warp tile, 16 mt + 8 h + g past row0 (row 0 for rows past N,
+// whose results are dropped): ok[mt][h] = row < N, wr[mt][h] = w + row * row_bytes + lane_offset.
+__device__ __forceinline__ void warp_rows(const uint8_t* w, int row0, int N, int64_t row_bytes, int lane_offset,
+                                          const uint8_t* (&wr)[2][2], bool (&ok)[2][2]) {
+  const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row0 + 16 * mt + 8 * h + g;
+      ok[mt][h] = r < N;
+      wr[mt][h] = w + static_cast<int64_t>(ok[mt][h] ? r : 0) * row_bytes + lane_offset;
+    }
+}
+
 // Per token-tile width: K blocks of activation staged in shared memory at a time (codes row stride
 // = 32 mod 128 bytes, so a warp's 8-byte B-fragment reads are conflict-free), and K blocks of weight
 // per register pipeline stage (two stages: the next one loads while this one computes).
@@ -141,14 +166,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   const int tile = row0 < N ? row0 / 32 : 0;
   const uint8_t* wr[2][2];
   bool ok[2][2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row0 + 16 * mt + 8 * h + g;
-      ok[mt][h] = r < N;
-      wr[mt][h] = w + static_cast<int64_t>(ok[mt][h] ? r : 0) * K + 8 * q;
-    }
+  warp_rows(w, row0, N, K, 8 * q, wr, ok);
   const uint8_t* w4 = w + (static_cast<int64_t>(tile) * nb * 32 + lane) * 16;
   const uint8_t* s8 = wscale + static_cast<int64_t>(tile) * scale_cols;
   const uint8_t* s4 = wscale + (static_cast<int64_t>(tile) * ((nb + 3) / 4) * 8 + g) * 16;
