@@ -19,17 +19,22 @@
 //    above; both bit-exact), the fix-up CTA vs reduce_splits_kernel (both sum in split order). A
 //    token's K-block partial is its own column of the MMA, accumulated in K order for every nt
 //    (assumed: a tensor-core output element depends on its own row and column only; the test checks).
-//  - linear kBf16 / kF32 and grouped_linear (float_linear_kernel): up to 8 rows per CTA share the
-//    weight loads, but each row has its own accumulators; a lane's K order and the warp reduction are
-//    fixed by K, the vector width by K and the row stride -> already invariant.
+//  - linear kBf16 / kF32 and grouped_linear: the default mode takes the bf16 tensor-core kernel
+//    (dense_bf16_mma.cu: token tile width and K split from M) -> CHANGED: the CUDA-core kernel
+//    (float_linear_kernel) at every M: up to 8 rows per CTA share the weight loads, but each row has
+//    its own accumulators; a lane's K order and the warp reduction are fixed by K, the vector width by
+//    K and the row stride -> invariant.
 //  - hc_mixes (attn_mhc.cu): K chunks per row min(264 / M, n / 256) (fp64 chunk sums, then chunk
 //    order) -> CHANGED: min(264, n / 256), the one-row choice, at every M.
-//  - sparse_attention (cuda_attention.cu): list splits from 264 / (M x head groups), one pass when
-//    that gives one split -> CHANGED: every call takes the split path (block-max pass, splits,
-//    merge) with one 64-index block per split. A fixed split length also makes trailing -1 padding
-//    harmless (a split with no index contributes exact zeros to the merge), so a row's result does
-//    not depend on the list width either (a chunk's lists are as wide as its longest row needs, so
-//    the width changes with chunking).
+//  - sparse_attention, tensor-core path (attn_sparse_mma.cu; heads and dh multiples of 16, taken or
+//    not whatever M): one CTA per (row, 64 heads, 64-index block), merged over the blocks in order
+//    -> already invariant; trailing -1 padding adds blocks whose partials are exact zeros.
+//  - sparse_attention, CUDA-core path (cuda_attention.cu): list splits from 264 / (M x head groups),
+//    one pass when that gives one split -> CHANGED: every call takes the split path (block-max pass,
+//    splits, merge) with one 64-index block per split. A fixed split length also makes trailing -1
+//    padding harmless (a split with no index contributes exact zeros to the merge), so a row's result
+//    does not depend on the list width either (a chunk's lists are as wide as its longest row needs,
+//    so the width changes with chunking).
 //    Rows are launched in groups whose partials fit in kMaxSplitPartialBytes. Warps per CTA
 //    (nwarps, from M) only decide which heads share a CTA -> harmless.
 //  - moe_experts, grouped path (moe_grouped.cu): K split from plan_split over mats x ceil(N/128) x

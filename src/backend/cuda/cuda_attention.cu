@@ -58,6 +58,8 @@ __device__ __forceinline__ float transpose_reduce16(float (&v)[16], int lane) {
   return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 16);
 }
 
+// The CUDA-core sparse attention, for the shapes the tensor-core path (attn_sparse_mma.cu: heads and
+// head dim multiples of 16) does not take.
 // One block per (query row, group of 16 heads); each warp owns 2 heads, each lane DPL of the Dh
 // dims (d = lane + 32 c). Per 64-index block the gathered kv rows [64, Dh] are staged in shared
 // memory once and read by every head of the block. Per row and head: L x Dh x 2 FMAs (QK and PV);
