@@ -44,7 +44,7 @@ RequestResult stream_reply(Engine& engine, Request req, int32_t end_think) {
   for (;;) {
     std::optional<TokenEvent> ev = engine.next_event(id, std::chrono::milliseconds(100));
     if (!ev) continue;
-    std::fputs(ev->text.c_str(), stdout);
+    std::fwrite(ev->text.data(), 1, ev->text.size(), stdout);  // the text may hold NUL bytes
     for (int32_t t : ev->token_ids)
       if (t == end_think) std::fputs("\n</think>\n", stdout);
     std::fflush(stdout);

@@ -43,7 +43,7 @@ int generate_one(const Args& args) {
   for (;;) {
     std::optional<TokenEvent> ev = engine->next_event(id, std::chrono::milliseconds(100));
     if (!ev) continue;
-    std::fputs(ev->text.c_str(), stdout);
+    std::fwrite(ev->text.data(), 1, ev->text.size(), stdout);  // the text may hold NUL bytes
     std::fflush(stdout);
     if (ev->finished) {
       std::fputc('\n', stdout);
