@@ -1,5 +1,5 @@
 // MoE router on the GPU: fp32 logits with fp64 accumulation (the CPU's kF32 linear of the gate),
-// then sqrt(softplus) scores, biased top-k selection and renormalised weights, one warp per row.
+// then sqrt(softplus) scores, biased top-k selection and renormalised weights, one CTA per row.
 #include <climits>
 #include <cmath>
 #include <string>

@@ -3,6 +3,7 @@
 // by a counter-based fill kernel instead of being read from disk or staged through the host. The
 // values are exactly synthetic::fill_element's, so host- and device-filled tensors agree.
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/device_memory.cuh"
 #include "backend/cuda/fp4_layout.cuh"
 #include "backend/device_tools.h"
 
@@ -24,7 +25,6 @@ void fill(uint8_t* dst, int64_t n_elems, const synthetic::FillSpec& spec) {
   synthetic_fill_kernel<<<blocks, threads>>>(dst, n_elems, spec);
   DI_CUDA_LAUNCH_CHECK();
 }
-
 
 void* device_malloc(size_t bytes) {
   void* p = nullptr;
@@ -52,23 +52,30 @@ int64_t prepare_synthetic(Weight& w, const synthetic::FillSpec& data, const synt
   DI_CHECK(data_bytes % data.elem_bytes == 0 && (!scale || scale->elem_bytes == 1));
   DI_CHECK_MSG(!fp4 || (scale && w.scale_rows == w.rows), "synthetic MXFP4 weight without per-row scales");
   const size_t total = static_cast<size_t>(data_bytes + scale_bytes);
-  uint8_t* p = static_cast<uint8_t*>(device_malloc(total));
-  fill(p, data_bytes / data.elem_bytes, data);
-  if (scale) fill(p + data_bytes, scale_bytes, *scale);
-  if (!fp4) {
-    w.device = std::shared_ptr<void>(p, [](void* q) {
-      if (q) cudaFree(q);
+  auto own = [](void* q) {
+    return std::shared_ptr<void>(q, [](void* b) {
+      if (b) cudaFree(b);
     });
+  };
+  if (!fp4) {
+    uint8_t* p = static_cast<uint8_t*>(device_malloc(total));
+    fill(p, data_bytes / data.elem_bytes, data);
+    if (scale) fill(p + data_bytes, scale_bytes, *scale);
+    w.device = own(p);
     return static_cast<int64_t>(total);
   }
+  // The row-major block comes from the stream-ordered block cache and goes back to it once the tiling
+  // is queued (the next weight's fill runs after the tiling in stream order): no synchronization per
+  // weight (a cudaFree per MXFP4 weight took the 17-layer model's load from 1.6 to 4.5 s).
+  int device = 0;
+  uint8_t* p = static_cast<uint8_t*>(cuda::device_block(total, &device));
+  fill(p, data_bytes / data.elem_bytes, data);
+  fill(p + data_bytes, scale_bytes, *scale);
   const size_t tiled = static_cast<size_t>(cuda::fp4::data_bytes(w.rows, w.cols) + cuda::fp4::scale_bytes(w.rows, w.cols));
   uint8_t* t = static_cast<uint8_t*>(device_malloc(tiled));
   cuda::fp4::tile(p, p + data_bytes, w.scale_cols, w.rows, w.cols, t);
-  DI_CUDA_CHECK(cudaStreamSynchronize(0));  // the tiling has read the row-major block
-  DI_CUDA_CHECK(cudaFree(p));
-  w.device = std::shared_ptr<void>(t, [](void* q) {
-    if (q) cudaFree(q);
-  });
+  cuda::release_block(p, total, device);
+  w.device = own(t);
   return static_cast<int64_t>(tiled);
 }
 
