@@ -6,15 +6,19 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
 namespace di::testing_util {
 
-// A seed from the clock, printed so a failing run can be replayed.
+// A seed from the clock, printed so a failing run can be replayed (DI_SEED=<seed> replays it).
 inline uint64_t fresh_seed(const char* test) {
-  uint64_t seed = static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
-  std::printf("[%s] seed %llu\n", test, static_cast<unsigned long long>(seed));
+  const char* env = std::getenv("DI_SEED");
+  uint64_t seed = env ? std::strtoull(env, nullptr, 10)
+                      : static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
+  std::printf("[%s] seed %llu (DI_SEED=%llu replays)\n", test, static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(seed));
   return seed;
 }
 
