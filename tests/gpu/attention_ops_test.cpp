@@ -332,6 +332,7 @@ TEST_F(AttentionOps, IndexScores) {
   for (const Case& c : std::vector<Case>{{1, 4, 64, 20, true},
                                          {5, 64, 128, 700, true},
                                          {33, 4, 128, 333, true},
+                                         {3, 32, 128, 300, false},  // the model's indexer: keys in registers
                                          {5, 64, 64, 129, false},
                                          {33, 4, 512, 77, false},
                                          {5, 3, 60, 200, false}}) {  // hd not a multiple of 8

@@ -43,12 +43,12 @@ std::vector<std::vector<std::pair<int32_t, float>>> route_sets(const std::vector
 // ---- moe_route ------------------------------------------------------------------------------------
 
 void check_route(MoeEngramOps& t, Backend& cpu, Backend& gpu, Rng& rng, int64_t n_exp, int top_k, int64_t rows,
-                 float gate_temp, float route_scale) {
+                 float gate_temp, float route_scale, int64_t d = kHidden) {
   SCOPED_TRACE("experts=" + std::to_string(n_exp) + " top_k=" + std::to_string(top_k) + " rows=" +
-               std::to_string(rows) + " gate_temp=" + std::to_string(gate_temp));
-  gputest::TensorPair x = gputest::random_tensor_pair(rng, cpu, gpu, {rows, kHidden});
+               std::to_string(rows) + " gate_temp=" + std::to_string(gate_temp) + " d=" + std::to_string(d));
+  gputest::TensorPair x = gputest::random_tensor_pair(rng, cpu, gpu, {rows, d});
   // The model's gate: BF16 on disk, bound as kF32; the bias: F32 [E].
-  OwnedWeight gate = gputest::random_bf16_weight(rng, n_exp, kHidden, gpu, 0.05f, WeightMode::kF32);
+  OwnedWeight gate = gputest::random_bf16_weight(rng, n_exp, d, gpu, 0.05f, WeightMode::kF32);
   OwnedWeight bias = gputest::random_f32_weight(rng, 1, n_exp, gpu, 0.1f);
   MoeRoute rc = cpu.moe_route(x.cpu, gate.w, bias.w, top_k, route_scale, gate_temp);
   MoeRoute rg = gpu.moe_route(x.gpu, gate.w, bias.w, top_k, route_scale, gate_temp);
@@ -74,6 +74,8 @@ TEST_F(MoeEngramOps, RouteEdgeCases) {
   check_route(*this, *cpu, *gpu, rng(), 8, 1, 7, 1.0f, 2.5f);     // top_k 1: no renormalisation
   check_route(*this, *cpu, *gpu, rng(), 16, 6, 40, 0.04f, 1.0f);  // logits / temp past softplus' threshold 20
   check_route(*this, *cpu, *gpu, rng(), 256, 6, 7, 1.0f, 1.5f);   // the model's width (several experts per lane)
+  check_route(*this, *cpu, *gpu, rng(), 384, 6, 65, 1.0f, 1.5f);  // row-tiled logits: 9 row tiles, the last of 1
+  check_route(*this, *cpu, *gpu, rng(), 40, 6, 13, 1.0f, 1.5f, 700);  // row tiles over 2.7 chunks of the width
 }
 
 // ---- moe_experts ----------------------------------------------------------------------------------
