@@ -78,11 +78,11 @@ __device__ __forceinline__ uint32_t fp4_lo(uint32_t w) { return w & 0x9C9C9C9Cu;
 __device__ __forceinline__ uint32_t fp4_hi(uint32_t w) { return ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u); }
 inline constexpr float kFp4CodeScale = 64.0f;  // the activation scales of MXFP4 tiles absorb the 2^-6
 
-// The E8M0 scale in byte b of a packed word (b is a constant after unrolling), as a float: (byte << 23), and 2^-127 (0x00400000) for
-// byte 0 -- two shifts / masks and a max instead of the byte extraction and the two compare-selects
-// of e8m0_to_float (the MXFP4 tile converts four scales per K block, and ncu found the grouped MoE
-// kernel bound by its integer pipe). Byte 0xFF (NaN in E8M0) gives +inf instead of NaN: the output
-// is non-finite either way.
+// The E8M0 scale in byte b of a packed word (b is a constant after unrolling), as a float: byte << 23,
+// and 2^-127 (0x00400000) for byte 0 -- a shift, a mask and a max instead of the byte extraction and
+// the two compare-selects of e8m0_to_float (the MXFP4 tile converts four scales per K block, and ncu
+// found the grouped MoE kernel bound by its integer pipe). Byte 0xFF (NaN in E8M0) gives +inf instead
+// of NaN: the output is non-finite either way.
 __device__ __forceinline__ float e8m0_byte_to_float(uint32_t w, int b) {
   const uint32_t bits = (b < 3 ? w << (23 - 8 * b) : w >> 1) & 0x7f800000u;
   return __uint_as_float(max(bits, 0x00400000u));
