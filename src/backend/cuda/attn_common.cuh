@@ -62,9 +62,7 @@ __device__ __forceinline__ float cpu_dot_exact(const float* a, const float* b, i
   }
   float tail = 0;
   for (; i < n; ++i) tail = __fadd_rn(tail, __fmul_rn(a[i], b[i]));
-  float lo = __fadd_rn(__fadd_rn(s[0], s[1]), __fadd_rn(s[2], s[3]));
-  float hi = __fadd_rn(__fadd_rn(s[4], s[5]), __fadd_rn(s[6], s[7]));
-  return __fadd_rn(__fadd_rn(lo, hi), tail);
+  return sum_dot_chains(s, tail);
 }
 
 // Selection key: smaller key = better (larger value). -0 and +0 share a key, so keys are equal

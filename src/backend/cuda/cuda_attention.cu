@@ -473,9 +473,7 @@ __global__ void __launch_bounds__(kRegThreads)
       c[6] = __fadd_rn(c[6], __fmul_rn(b.z, k[8 * i + 6]));
       c[7] = __fadd_rn(c[7], __fmul_rn(b.w, k[8 * i + 7]));
     }
-    const float lo = __fadd_rn(__fadd_rn(c[0], c[1]), __fadd_rn(c[2], c[3]));
-    const float hi = __fadd_rn(__fadd_rn(c[4], c[5]), __fadd_rn(c[6], c[7]));
-    float qk = cuda::round_bf16(__fadd_rn(__fadd_rn(lo, hi), 0.0f));  // + the empty tail, as cpu::dot
+    float qk = cuda::round_bf16(cuda::sum_dot_chains(c, 0.0f));  // hd % 8 == 0: the tail is empty (+0)
     qk = qk < 0.0f ? 0.0f : qk;  // std::max(qk, 0.0f)
     acc = __fadd_rn(acc, cuda::round_bf16(__fmul_rn(qk, ws[h])));
   }

@@ -64,6 +64,14 @@ __device__ __forceinline__ float e2m1_to_float(uint8_t c) {
 
 // ---- exact reductions (device) ----------------------------------------------------------------------
 
+// cpu::dot's final step: its eight interleaved fp32 chains (chain j sums the products i = j mod 8)
+// combined as ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)), plus the sequential tail.
+__device__ __forceinline__ float sum_dot_chains(const float* c, float tail) {
+  return __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0], c[1]), __fadd_rn(c[2], c[3])),
+                             __fadd_rn(__fadd_rn(c[4], c[5]), __fadd_rn(c[6], c[7]))),
+                   tail);
+}
+
 // cpu::dot(x, x, n) bit for bit, computed by a whole CTA of kThreads threads; every thread gets the
 // result. The CPU sums eight interleaved fp32 chains (chain j: x[8i + j]^2, i ascending), then a
 // sequential tail, combined as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)) + tail. One warp alone was
@@ -120,10 +128,7 @@ __device__ __forceinline__ float block_sum_squares_exact(const float* __restrict
     }
   }
   __syncthreads();
-  const float* c = chains;
-  return __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0], c[1]), __fadd_rn(c[2], c[3])),
-                             __fadd_rn(__fadd_rn(c[4], c[5]), __fadd_rn(c[6], c[7]))),
-                   c[8]);
+  return sum_dot_chains(chains, chains[8]);
 }
 
 }  // namespace di::cuda

@@ -176,19 +176,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   });
 }
 
-// y = the K splits' partials [splits, n] summed in split order (bf16-rounded when bf16_out).
-__global__ void sum_splits_kernel(const float* __restrict__ partial, int splits, int64_t n, bool bf16_out,
-                                  float* __restrict__ y) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float v = 0.0f;
-  for (int z = 0; z < splits; ++z) v += partial[z * n + i];
-  y[i] = bf16_out ? round_bf16(v) : v;
-}
-
 // K splits: a CTA streams its rows' weights one 64-wide chunk at a time, so few row CTAs (wo_a: 32 of
 // 256 rows) leave most SMs idle and each warp a long chain of chunks. Split K until about two CTAs
-// per SM, each split >= 8 chunks; results are summed in split order by a second kernel.
+// per SM, each split >= 8 chunks; results are summed in split order by reduce_splits.
 template <MmaWeight F, int NT>
 void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y) {
   const int64_t ctas = (w.rows + kRowsPerCta - 1) / kRowsPerCta * ((S + 8 * NT - 1) / (8 * NT));
@@ -204,11 +194,7 @@ void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, 
                                                 static_cast<int>(w.rows), static_cast<int>(w.cols),
                                                 static_cast<int>(per_split), bf16_out, y, partial);
   DI_CUDA_LAUNCH_CHECK();
-  if (partial) {
-    const int64_t n = S * w.rows;
-    sum_splits_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(partial, static_cast<int>(used), n, bf16_out, y);
-    DI_CUDA_LAUNCH_CHECK();
-  }
+  if (partial) reduce_splits(partial, static_cast<int>(used), S * w.rows, bf16_out, y);
 }
 
 template <MmaWeight F>

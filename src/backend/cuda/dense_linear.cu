@@ -116,10 +116,13 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
         dq::round_bf16(sum_splits(partial + static_cast<int64_t>(t0 + t) * N + r, static_cast<int64_t>(M) * N, splits));
 }
 
-// y[i] = bf16(sum over splits of partial[sp][i]), i < M*N, in split order.
-__global__ void reduce_splits_kernel(const float* __restrict__ partial, int splits, int64_t mn, float* __restrict__ y) {
+// y[i] = sum over splits of partial[sp][i] (bf16-rounded when bf16_out), i < M*N, in split order.
+__global__ void reduce_splits_kernel(const float* __restrict__ partial, int splits, int64_t mn, bool bf16_out,
+                                     float* __restrict__ y) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < mn) y[i] = dq::round_bf16(mma::sum_splits(partial + i, mn, splits));
+  if (i >= mn) return;
+  const float v = mma::sum_splits(partial + i, mn, splits);
+  y[i] = bf16_out ? dq::round_bf16(v) : v;
 }
 
 // CTAs of one instantiation resident per SM (for the split planning).
@@ -171,8 +174,7 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
       plan.kb_per_split, 1, fixup, partial, counters, y);
   DI_CUDA_LAUNCH_CHECK();
   if (plan.splits > 1 && !fixup) {
-    reduce_splits_kernel<<<blocks_for(M * N, 256), 256>>>(partial, plan.splits, M * N, y);
-    DI_CUDA_LAUNCH_CHECK();
+    reduce_splits(partial, plan.splits, M * N, true, y);
   }
 }
 
@@ -380,6 +382,12 @@ int sm_count() {
 }
 
 }  // namespace
+
+void reduce_splits(const float* partial, int splits, int64_t n, bool bf16_out, float* y) {
+  if (n == 0) return;
+  reduce_splits_kernel<<<blocks_for(n, 256), 256>>>(partial, splits, n, bf16_out, y);
+  DI_CUDA_LAUNCH_CHECK();
+}
 
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales) {
   DI_CHECK_MSG(K % 32 == 0, "FP8 activation quantization needs K divisible by 32");

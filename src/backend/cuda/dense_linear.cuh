@@ -28,6 +28,10 @@ struct SplitPlan {
 // waves: resident waves of CTAs the splits may fill (1 for dense linears, 2 for grouped experts).
 SplitPlan plan_split(int64_t tiles, int64_t nb, int nt, int64_t capacity, int waves);
 
+// y[i] = the K splits' partials [splits, n] summed in split order from zero (bf16-rounded when
+// bf16_out): the split-K fix-up of the GEMM kernels.
+void reduce_splits(const float* partial, int splits, int64_t n, bool bf16_out, float* y);
+
 // n8 token tiles per warp for up to `tokens` tokens per tile (1, 2, 4 or 8).
 int nt_for(int64_t tokens);
 
