@@ -140,8 +140,8 @@ std::vector<float> ProfilingBackend::to_host_f32(const Tensor& t) {
   return timed("to host", tensor_bytes(t), 0, false, [&] { return inner_.to_host_f32(t); });
 }
 
-void ProfilingBackend::to_host_f32(const Tensor& t, std::vector<float>& out) {
-  timed("to host", tensor_bytes(t), 0, false, [&] { inner_.to_host_f32(t, out); });
+std::span<const float> ProfilingBackend::to_host_f32_staged(const Tensor& t) {
+  return timed("to host", tensor_bytes(t), 0, false, [&] { return inner_.to_host_f32_staged(t); });
 }
 
 std::vector<int32_t> ProfilingBackend::to_host_i32(const Tensor& t) {

@@ -70,7 +70,7 @@ class ProfilingBackend final : public Backend {
   Tensor from_host_i32(const std::vector<int32_t>& v, const std::vector<int64_t>& shape) override;
   std::vector<float> to_host_f32(const Tensor& t) override;
   std::vector<int32_t> to_host_i32(const Tensor& t) override;
-  void to_host_f32(const Tensor& t, std::vector<float>& out) override;
+  std::span<const float> to_host_f32_staged(const Tensor& t) override;
   void copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t s0, int64_t n) override;
   Tensor concat_cols(const Tensor& a, const Tensor& b) override;
   void prepare(Weight& w) override;

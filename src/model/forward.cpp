@@ -157,8 +157,7 @@ std::vector<ForwardResult> Model::forward_batch(std::vector<BatchEntry>& entries
     x = sel;
   }
   x = backend_.rmsnorm(x, w_.norm, static_cast<float>(cfg_.norm_eps));
-  std::vector<float>& logits = host_logits_;  // reused across forwards (no page faults)
-  backend_.to_host_f32(backend_.linear(x, w_.head), logits);
+  std::span<const float> logits = backend_.to_host_f32_staged(backend_.linear(x, w_.head));  // [n_head, vocab]
 
   std::vector<ForwardResult> results(batch.parts.size());
   const int64_t vocab = cfg_.vocab_size;
@@ -166,7 +165,11 @@ std::vector<ForwardResult> Model::forward_batch(std::vector<BatchEntry>& entries
   for (size_t e = 0; e < batch.parts.size(); ++e) {
     const BatchPart& p = batch.parts[e];
     ForwardResult& res = results[e];
-    res.logits.assign(logits.begin() + r * vocab, logits.begin() + (r + head_rows(p)) * vocab);
+    std::span<const float> mine = logits.subspan(r * vocab, head_rows(p) * vocab);
+    if (p.options.borrow_logits)
+      res.borrowed_logits = mine;
+    else
+      res.logits.assign(mine.begin(), mine.end());
     r += head_rows(p);
     res.rows_position = p.cur.first;
     for (const Tap& t : taps) {  // this part's final rows of every tap

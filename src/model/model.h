@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -23,6 +24,10 @@ struct WindowLists;     // model/model_scratch.h
 
 struct ForwardResult {
   std::vector<float> logits;  // [n_rows, vocab] fp32: the last position, or every computed position
+  // With ForwardOptions::borrow_logits, `logits` stays empty and these rows are read in place from
+  // the backend's host buffer: valid until the model's next forward (the engine samples them at once).
+  std::span<const float> borrowed_logits;
+  std::span<const float> logits_rows() const { return logits.empty() ? borrowed_logits : logits; }
   Tensor features;            // [n_rows, n_taps * D] DSpark feature taps (empty without DSpark)
   // Position of logits row 0 (all_logits) and of features row 0: the state's n_tokens before the
   // forward, or later when decoder_window_only computed only the chunk's last rows.
@@ -31,6 +36,9 @@ struct ForwardResult {
 
 struct ForwardOptions {
   bool all_logits = false;  // one logits row per computed token, else the last token's row only
+  // Logits in ForwardResult::borrowed_logits instead of a copy per entry (batch 64's 33 MB of
+  // logits took ~8 ms a step to copy into fresh vectors).
+  bool borrow_logits = false;
   // Encoder side of SWA bounded replay: the compressed-KV / index-key rows of positions
   // < keep_global_before came from the prefix cache; this forward rebuilds the window rings,
   // compressor tails and DSpark features of its tokens but does not rewrite those rows.
@@ -172,7 +180,6 @@ class Model {
   ModelWeights w_;
   std::shared_ptr<GlobalKvPool> kv_pool_;
   std::vector<RopeTable> rope_;        // per layer
-  std::vector<float> host_logits_;     // the last forward's logits on the host [head rows, vocab]
   EngramLayout engram_;
   std::vector<int32_t> engram_token_map_;
   int32_t engram_pad_ = 0;

@@ -151,6 +151,7 @@ StepTimes decode_step(Ctx& c, std::vector<SequenceState>& states, SectionClock* 
   for (size_t i = 0; i < states.size(); ++i) {
     entries[i].state = &states[i];
     entries[i].ids = {static_cast<int32_t>(c.rng() % vocab)};
+    entries[i].options.borrow_logits = true;  // as the engine's steps
   }
   c.pb.synchronize();
   StepTimes t;

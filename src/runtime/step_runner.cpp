@@ -43,6 +43,7 @@ StepOutput run_step(Model& model, std::vector<StepTask>& tasks, int64_t block_to
       batch[i].ids.assign(t.tokens->begin() + t.begin, t.tokens->begin() + t.begin + t.n);
       batch[i].ids.insert(batch[i].ids.end(), t.drafts.begin(), t.drafts.end());
       batch[i].options = t.options;
+      batch[i].options.borrow_logits = true;  // sampled below, before the next forward
       if (!t.drafts.empty()) {
         batch[i].options.all_logits = true;
         checkpoints[i] = checkpoint_state(state, static_cast<int64_t>(batch[i].ids.size()), backend);
@@ -57,7 +58,7 @@ StepOutput run_step(Model& model, std::vector<StepTask>& tasks, int64_t block_to
       StepTask& t = tasks[i];
       StepTaskResult& r = out.results[i];
       SequenceState& state = **t.caches;
-      const std::vector<float>& logits = fwd[i].logits;
+      std::span<const float> logits = fwd[i].logits_rows();
       const int32_t* toks = t.tokens->data();
       if (t.sample && t.drafts.empty()) {
         const int64_t pos = t.begin + t.n;  // the position of the token sampled here

@@ -17,7 +17,7 @@ class CpuBackend final : public Backend {
   Tensor from_host_i32(const std::vector<int32_t>& v, const std::vector<int64_t>& shape) override;
   std::vector<float> to_host_f32(const Tensor& t) override;
   std::vector<int32_t> to_host_i32(const Tensor& t) override;
-  void to_host_f32(const Tensor& t, std::vector<float>& out) override;
+  std::span<const float> to_host_f32_staged(const Tensor& t) override;
   void copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t s0, int64_t n) override;
   Tensor concat_cols(const Tensor& a, const Tensor& b) override;
   void prepare(Weight&) override {}
@@ -65,6 +65,9 @@ class CpuBackend final : public Backend {
   Tensor engram_lookup(const Tensor& cols, const Weight& table) override;
   Tensor engram_inject(const Tensor& x, const Tensor& kv, const Weight& q_weight, const Weight& k_weight, int hc,
                        float eps) override;
+
+ private:
+  std::vector<float> staged_;  // to_host_f32_staged's buffer, reused across calls
 };
 
 // Helpers shared by the CPU op files.

@@ -51,9 +51,10 @@ std::vector<float> CpuBackend::to_host_f32(const Tensor& t) {
   return std::vector<float>(t.f32(), t.f32() + t.numel());
 }
 
-void CpuBackend::to_host_f32(const Tensor& t, std::vector<float>& out) {
+std::span<const float> CpuBackend::to_host_f32_staged(const Tensor& t) {
   DI_CHECK(t.type == TType::kF32);
-  out.assign(t.f32(), t.f32() + t.numel());
+  staged_.assign(t.f32(), t.f32() + t.numel());
+  return staged_;
 }
 
 std::vector<int32_t> CpuBackend::to_host_i32(const Tensor& t) {

@@ -48,8 +48,21 @@ CudaBackend::CudaBackend() {
                 std::to_string(prop.major) + std::to_string(prop.minor) + ")");
 }
 
-CudaBackend::~CudaBackend() {
-  if (staging_) cudaFreeHost(staging_);
+CudaBackend::~CudaBackend() = default;
+
+void* CudaBackend::PinnedBuffer::reserve(size_t n) {
+  if (bytes < n) {
+    if (data) DI_CUDA_CHECK(cudaFreeHost(data));
+    data = nullptr;
+    bytes = 0;
+    DI_CUDA_CHECK(cudaMallocHost(&data, n));
+    bytes = n;
+  }
+  return data;
+}
+
+CudaBackend::PinnedBuffer::~PinnedBuffer() {
+  if (data) cudaFreeHost(data);
 }
 
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
@@ -58,15 +71,9 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
     return;
   }
   std::lock_guard<std::mutex> lock(staging_mutex_);
-  if (staging_bytes_ < bytes) {
-    if (staging_) DI_CUDA_CHECK(cudaFreeHost(staging_));
-    staging_ = nullptr;
-    staging_bytes_ = 0;
-    DI_CUDA_CHECK(cudaMallocHost(&staging_, bytes));
-    staging_bytes_ = bytes;
-  }
-  DI_CUDA_CHECK(cudaMemcpy(staging_, src, bytes, cudaMemcpyDeviceToHost));
-  std::memcpy(dst, staging_, bytes);
+  void* pinned = staging_.reserve(bytes);
+  DI_CUDA_CHECK(cudaMemcpy(pinned, src, bytes, cudaMemcpyDeviceToHost));
+  std::memcpy(dst, pinned, bytes);
 }
 
 Tensor CudaBackend::alloc(TType type, const std::vector<int64_t>& shape) {
@@ -105,10 +112,13 @@ std::vector<float> CudaBackend::to_host_f32(const Tensor& t) {
   return v;
 }
 
-void CudaBackend::to_host_f32(const Tensor& t, std::vector<float>& out) {
+std::span<const float> CudaBackend::to_host_f32_staged(const Tensor& t) {
   DI_CHECK(t.type == TType::kF32);
-  out.resize(static_cast<size_t>(t.numel()));
-  if (!out.empty()) copy_to_host(out.data(), t.data, out.size() * 4);
+  const size_t n = static_cast<size_t>(t.numel());
+  if (n == 0) return {};
+  auto* host = static_cast<float*>(staged_view_.reserve(n * 4));
+  DI_CUDA_CHECK(cudaMemcpy(host, t.data, n * 4, cudaMemcpyDeviceToHost));
+  return {host, n};
 }
 
 std::vector<int32_t> CudaBackend::to_host_i32(const Tensor& t) {

@@ -24,7 +24,7 @@ class CudaBackend final : public Backend {
   Tensor from_host_i32(const std::vector<int32_t>& v, const std::vector<int64_t>& shape) override;
   std::vector<float> to_host_f32(const Tensor& t) override;
   std::vector<int32_t> to_host_i32(const Tensor& t) override;
-  void to_host_f32(const Tensor& t, std::vector<float>& out) override;
+  std::span<const float> to_host_f32_staged(const Tensor& t) override;
   void copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t s0, int64_t n) override;
   Tensor concat_cols(const Tensor& a, const Tensor& b) override;
   void prepare(Weight& w) override;
@@ -79,12 +79,17 @@ class CudaBackend final : public Backend {
  private:
   Tensor moe_experts_listed(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                             const ExpertWeights& shared, float swiglu_limit);
-  // Pinned host memory that large device-to-host copies go through (the DMA engine writes pinned
-  // memory directly; a pageable destination is staged by the driver in pieces), grown on demand;
-  // one copy at a time.
-  void* staging_ = nullptr;
-  size_t staging_bytes_ = 0;
+  // Pinned host memory, grown on demand (the DMA engine writes pinned memory directly; a pageable
+  // destination is staged by the driver in pieces).
+  struct PinnedBuffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+    void* reserve(size_t n);
+    ~PinnedBuffer();
+  };
+  PinnedBuffer staging_;  // what large copies into caller vectors go through; one copy at a time
   std::mutex staging_mutex_;
+  PinnedBuffer staged_view_;  // to_host_f32_staged's buffer, handed to the caller
   void copy_to_host(void* dst, const void* src, size_t bytes);
   int64_t weight_bytes_ = 0;
   bool batch_invariant_ = false;
