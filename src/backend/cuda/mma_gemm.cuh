@@ -18,7 +18,7 @@
 //
 // MXFP4 weights (E2M1, per-row-per-32 E8M0 scales) are widened to E4M3 in registers (every E2M1
 // value is exact in E4M3). They are stored tiled and re-encoded (fp4_layout.cuh): a lane's 4 rows of
-// a K block are one 16-byte load, its scales of 4 blocks another, and a row's word gives its 8 codes
+// a K block are one 16-byte load, its scales of 4 blocks (bf16) two more, and a row's word gives its 8 codes
 // as E4M3 bytes in a few logic ops (fp4_lo / fp4_hi).
 #pragma once
 
@@ -78,14 +78,10 @@ __device__ __forceinline__ uint32_t fp4_lo(uint32_t w) { return w & 0x9C9C9C9Cu;
 __device__ __forceinline__ uint32_t fp4_hi(uint32_t w) { return ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u); }
 inline constexpr float kFp4CodeScale = 64.0f;  // the activation scales of MXFP4 tiles absorb the 2^-6
 
-// The E8M0 scale in byte b of a packed word (b is a constant after unrolling), as a float: byte << 23,
-// and 2^-127 (0x00400000) for byte 0 -- a shift, a mask and a max instead of the byte extraction and
-// the two compare-selects of e8m0_to_float (the MXFP4 tile converts four scales per K block, and ncu
-// found the grouped MoE kernel bound by its integer pipe). Byte 0xFF (NaN in E8M0) gives +inf instead
-// of NaN: the output is non-finite either way.
-__device__ __forceinline__ float e8m0_byte_to_float(uint32_t w, int b) {
-  const uint32_t bits = (b < 3 ? w << (23 - 8 * b) : w >> 1) & 0x7f800000u;
-  return __uint_as_float(max(bits, 0x00400000u));
+// The bf16 scale in half `hi` of a word of the tiled MXFP4 scales (fp4_layout.cuh), as a float:
+// one logic op.
+__device__ __forceinline__ float bf16_half_to_float(uint32_t w, bool hi) {
+  return __uint_as_float(hi ? w & 0xffff0000u : w << 16);
 }
 
 // d = A (16x32 e4m3) x B (32x8 e4m3), fresh fp32 accumulators.
@@ -162,9 +158,9 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   constexpr int U = kStageBlocks<F, NT>;
   constexpr bool kFp8 = F == WFmt::kFp8Block;
   constexpr int W = kFp8 ? 2 : 1;  // 32-bit weight words per (block, row) per lane
-  // scale registers per stage, U either way: FP8 one byte per block (the warp's 32-row block), one per
-  // register; FP4 the U bytes of each of the lane's 4 rows, packed 4 to a register
-  constexpr int SW = U;
+  // scale registers per stage: FP8 one byte per block (the warp's 32-row block), one per register;
+  // FP4 the U bf16 scales of each of the lane's 4 rows, packed 2 to a register ([U/4][row][2])
+  constexpr int SW = kFp8 ? U : 2 * U;
   static_assert(kFp8 || U % 4 == 0, "FP4 stages hold whole scale words");
   __shared__ __align__(16) uint8_t sx[Shape::kRows * S];
   __shared__ float ss[Shape::kRows * SS];
@@ -179,7 +175,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   warp_rows(w, row0, N, K, 8 * q, wr, ok);
   const uint8_t* w4 = w + (static_cast<int64_t>(tile) * nb * 32 + lane) * 16;
   const uint8_t* s8 = wscale + static_cast<int64_t>(tile) * scale_cols;
-  const uint8_t* s4 = wscale + (static_cast<int64_t>(tile) * ((nb + 3) / 4) * 8 + g) * 16;
+  const uint8_t* s4 = wscale + (static_cast<int64_t>(tile) * ((nb + 3) / 4) * 8 + g) * 32;
   // weight words and scales of K blocks kb .. kb+U-1 (zero past kb1 / N)
   auto load = [&](uint32_t (&a)[U][2][2][W], uint32_t (&sc)[SW], int kb) {
     if constexpr (kFp8) {
@@ -205,8 +201,10 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
 #pragma unroll
       for (int j = 0; j < U / 4; ++j) {  // stages start 4-aligned (plan_split), so whole scale groups
         const int k = kb + 4 * j;
-        const uint4 v = k < kb1 ? __ldg(reinterpret_cast<const uint4*>(s4 + (k / 4) * 128)) : make_uint4(0u, 0u, 0u, 0u);
-        sc[0 * (U / 4) + j] = v.x, sc[1 * (U / 4) + j] = v.y, sc[2 * (U / 4) + j] = v.z, sc[3 * (U / 4) + j] = v.w;
+        const uint4* p = reinterpret_cast<const uint4*>(s4 + (k / 4) * 256);
+        const uint4 v0 = k < kb1 ? __ldg(p) : make_uint4(0u, 0u, 0u, 0u), v1 = k < kb1 ? __ldg(p + 1) : make_uint4(0u, 0u, 0u, 0u);
+        sc[8 * j] = v0.x, sc[8 * j + 1] = v0.y, sc[8 * j + 2] = v0.z, sc[8 * j + 3] = v0.w;
+        sc[8 * j + 4] = v1.x, sc[8 * j + 5] = v1.y, sc[8 * j + 6] = v1.z, sc[8 * j + 7] = v1.w;
       }
     }
   };
@@ -279,7 +277,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-              ws[mt][h] = e8m0_byte_to_float(cur_s[(mt * 2 + h) * (U / 4) + u / 4], u % 4);
+              ws[mt][h] = bf16_half_to_float(cur_s[8 * (u / 4) + 2 * (mt * 2 + h) + (u % 4) / 2], u % 2 == 1);
         }
         uint32_t a[2][4];
 #pragma unroll
