@@ -1,5 +1,5 @@
-// Warp tiles of the quantized GEMMs (dense decode linear, grouped MoE experts) on the FP8 tensor
-// cores: mma.sync m16n8k32 e4m3 x e4m3 -> f32, one MMA per 32-wide K block, whose partial is scaled
+// Warp tiles of the quantized GEMMs (dense decode linear, grouped MoE experts) on the tensor cores:
+// e4m3 x e4m3 -> f32 (as ptxas lowers mma.sync m16n8k32 e4m3 on sm_90), one MMA per 32-wide K block, whose partial is scaled
 // by the activation and weight E8M0 scales and added to an fp32 accumulator on the CUDA cores (the
 // structure of the reference's fp8_gemm / fp4_gemm and of CpuBackend::linear; the block partial itself
 // is summed by the tensor core, so results equal the CPU's to rounding, not bit for bit).
@@ -84,13 +84,45 @@ __device__ __forceinline__ float bf16_half_to_float(uint32_t w, bool hi) {
   return __uint_as_float(hi ? w & 0xffff0000u : w << 16);
 }
 
-// d = A (16x32 e4m3) x B (32x8 e4m3), fresh fp32 accumulators.
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+// Two e4m3 values (the low / high byte of v) as f16x2, exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t v) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(v));
+  return r;
+}
+
+// An e4m3 MMA operand (registers of 4 bytes, k ascending) as two f16 operands: the low two bytes
+// of each register, then the high two.
+template <int R>
+struct E4m3AsF16 {
+  uint32_t lo[R], hi[R];
+  __device__ __forceinline__ explicit E4m3AsF16(const uint32_t* r) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      lo[i] = e4m3x2_to_f16x2(static_cast<uint16_t>(r[i]));
+      hi[i] = e4m3x2_to_f16x2(static_cast<uint16_t>(r[i] >> 16));
+    }
+  }
+};
+
+// d = A (16x32 e4m3) x B (32x8 e4m3), fresh fp32 accumulators, from the operands as f16. sm_90 has
+// no FP8 mma.sync: ptxas lowers m16n8k32 e4m3 to these conversions and two f16 m16n8k16 MMAs (the
+// low halves of the registers, then the high halves), then adds the C operand -- 4 FADDs of zero
+// per MMA, ~10% of the grouped MoE kernel's instructions per K block, which is issue-bound. Written
+// out: the same MMAs without the adds (the same bits; the adds only turned -0 into +0, which the
+// scaled sum absorbs), and each operand converted once for all the MMAs that use it.
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const E4m3AsF16<4>& a, const E4m3AsF16<2>& b) {
   asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%10, %11, %12, %13};"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f), "f"(0.0f), "f"(0.0f));
+      : "r"(a.lo[0]), "r"(a.lo[1]), "r"(a.lo[2]), "r"(a.lo[3]), "r"(b.lo[0]), "r"(b.lo[1]), "f"(0.0f), "f"(0.0f),
+        "f"(0.0f), "f"(0.0f));
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a.hi[0]), "r"(a.hi[1]), "r"(a.hi[2]), "r"(a.hi[3]), "r"(b.hi[0]), "r"(b.hi[1]));
 }
 
 // d += A (16x16 bf16, row) x B (16x8 bf16, col), fp32 accumulators.
@@ -294,15 +326,18 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
             a[mt][3] = fp4_hi(cur[u][mt][1][0]);
           }
         }
+        const E4m3AsF16<4> af[2] = {E4m3AsF16<4>(a[0]), E4m3AsF16<4>(a[1])};
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           if (nt >= nt_active) break;
           const uint2 b = *reinterpret_cast<const uint2*>(xs_lane + nt * 8 * S + u * 32);
+          const uint32_t bw[2] = {b.x, b.y};
+          const E4m3AsF16<2> bf(bw);
           const float s0 = ss_lane[nt * 8 * SS + u], s1 = ss_lane[nt * 8 * SS + SS + u];
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             float d[4];
-            mma_e4m3(d, a[mt], b.x, b.y);
+            mma_e4m3(d, af[mt], bf);
             // partial * (act scale * weight scale): both powers of two, so this is the CPU's
             // (partial * xs) * ws unless an intermediate leaves the normal range
             acc[mt][nt][0] = fmaf(d[0], s0 * ws[mt][0], acc[mt][nt][0]);
