@@ -77,6 +77,12 @@ void weight_row_f32(const Weight& w, int64_t r, float* out);
 // Element i of a small F32/BF16 vector weight (norm weights, biases, sinks, hc scales).
 float weight_at(const Weight& w, int64_t i);
 float dot(const float* a, const float* b, int64_t n);
+// sum_i x[i]^2 in fp32 for the RMS of rmsnorm and hc_mixes: kSumSquaresChains interleaved chains
+// (chain j: x[j], x[j + 256], ... in order), then the pairwise tree c[j] += c[j + h], h = 128 .. 1 --
+// the order one CUDA block of 256 threads runs in parallel (cuda::block_sum_squares_exact). With
+// dot's 8 chains the GPU's mean square of mHC's 20480-wide rows was a 2560-add dependent chain.
+inline constexpr int kSumSquaresChains = 256;
+float sum_squares(const float* x, int64_t n);
 // Dot product accumulated in double (fp32 GEMMs of the reference: mHC mixes, router, head).
 double dot_f64(const float* a, const float* b, int64_t n);
 // One packed cache row -> dim floats (the dequantization of unpack_rows).

@@ -19,7 +19,7 @@ Tensor CpuBackend::rmsnorm(const Tensor& x, const Weight& weight, float eps) {
   parallel_for(s, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const float* xr = x.f32() + r * n;
-      float var = cpu::dot(xr, xr, n) / static_cast<float>(n);
+      float var = cpu::sum_squares(xr, n) / static_cast<float>(n);
       float inv = 1.0f / std::sqrt(var + eps);
       for (int64_t i = 0; i < n; ++i) y.f32()[r * n + i] = quant::round_bf16(w[i] * (xr[i] * inv));
     }
@@ -158,7 +158,7 @@ Tensor CpuBackend::hc_mixes(const Tensor& x, int hc, const Weight& fn, const Wei
     std::vector<float> m(mix), comb(hc * hc);
     for (int64_t r = b; r < e; ++r) {
       const float* xr = x.f32() + r * n;
-      float rs = 1.0f / std::sqrt(cpu::dot(xr, xr, n) / static_cast<float>(n) + norm_eps);
+      float rs = 1.0f / std::sqrt(cpu::sum_squares(xr, n) / static_cast<float>(n) + norm_eps);
       for (int j = 0; j < mix; ++j) m[j] = static_cast<float>(cpu::dot_f64(xr, fnv.data() + j * n, n)) * rs;
       float* o = out.f32() + r * mix;
       for (int k = 0; k < hc; ++k) o[k] = sigmoid(m[k] * sc[0] + bs[k]) + hc_eps;

@@ -136,6 +136,17 @@ float dot(const float* a, const float* b, int64_t n) {
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
 }
 
+float sum_squares(const float* x, int64_t n) {
+  float c[kSumSquaresChains] = {};
+  int64_t i = 0;
+  for (; i + kSumSquaresChains <= n; i += kSumSquaresChains)
+    for (int j = 0; j < kSumSquaresChains; ++j) c[j] += x[i + j] * x[i + j];
+  for (int j = 0; i + j < n; ++j) c[j] += x[i + j] * x[i + j];
+  for (int h = kSumSquaresChains / 2; h > 0; h /= 2)
+    for (int j = 0; j < h; ++j) c[j] += c[j + h];
+  return c[0];
+}
+
 double dot_f64(const float* a, const float* b, int64_t n) {
   // fp32 products are exact in double; 4 partial sums keep the loop vectorizable. The result is
   // within an ulp of the exact sum for any order, so rounding it to fp32 once is order-independent.

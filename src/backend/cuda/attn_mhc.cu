@@ -25,8 +25,8 @@ __device__ __forceinline__ float sigmoid_ref(float x) {
 
 // Stage 1, grid (splits + 1, rows). CTA (c < splits, r): the fp64 dot products of x[r, chunk c] with
 // the mix rows of fn over that chunk (products exact in fp64), summed per thread, then across the CTA
-// in a fixed order, into part[r, c, mix]. CTA (splits, r): the row's mean square, cpu::dot's exact
-// fp32 order (the whole CTA, overlapping the dot CTAs), into rs[r] = 1 / sqrt(ss / n + eps).
+// in a fixed order, into part[r, c, mix]. CTA (splits, r): the row's mean square, cpu::sum_squares'
+// exact fp32 order (the whole CTA, overlapping the dot CTAs), into rs[r] = 1 / sqrt(ss / n + eps).
 // fn [mix, n] is read once per row group (L2-resident across rows), x once per CTA. The weight type
 // is a template parameter so that the 24 loads of an element issue back to back: with the type
 // switch inside the loop they ran one L2 round trip at a time (168 -> 42 us per call at batch 64,

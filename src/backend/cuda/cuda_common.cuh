@@ -72,63 +72,40 @@ __device__ __forceinline__ float sum_dot_chains(const float* c, float tail) {
                    tail);
 }
 
-// cpu::dot(x, x, n) bit for bit, computed by a whole CTA of kThreads threads; every thread gets the
-// result. The CPU sums eight interleaved fp32 chains (chain j: x[8i + j]^2, i ascending), then a
-// sequential tail, combined as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)) + tail. One warp alone was
-// latency-bound (a 512-float batch's 64 adds per chain take far less than a load's round trip), so
-// warps 1.. stage the row in shared memory piece by piece, every load of a piece in flight at once,
-// while lanes 0-7 of warp 0 run the chains over the previous piece: the time is the chain of n/8
-// dependent adds (~1.4 us at n = 5120, ~5.6 us at 20480). Call from every thread of the CTA, once.
+// cpu::sum_squares(x, n) bit for bit, computed by a CTA of 256 threads (thread j runs chain j, its
+// loads 8 at a time, then the same pairwise tree: shared memory down to 32 partials, then shuffles);
+// every thread gets the result. Call from every thread of the CTA, once. With cpu::dot's 8 chains
+// this was a chain of n / 8 dependent adds (~5.6 us at n = 20480).
 template <int kThreads>
 __device__ __forceinline__ float block_sum_squares_exact(const float* __restrict__ x, int64_t n) {
-  static_assert(kThreads % 32 == 0 && kThreads >= 64, "one chain warp and at least one loading warp");
-  constexpr int kPiece = 2048;  // floats per piece, a multiple of 8 (two pieces: 16 KB of shared memory)
-  __shared__ float piece[2][kPiece];
-  __shared__ float chains[9];  // eight chain sums, then the tail
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t n8 = n - n % 8;
-  const int64_t pieces = (n8 + kPiece - 1) / kPiece;
-  constexpr int kLoaders = kThreads - 32;  // warps 1..
-  constexpr int kLoads = (kPiece + kLoaders - 1) / kLoaders;
-  auto stage = [&](int64_t p) {  // by warps 1..: every load first, then the stores
-    float v[kLoads];
-#pragma unroll
-    for (int k = 0; k < kLoads; ++k) {
-      const int i = threadIdx.x - 32 + k * kLoaders;
-      const int64_t g = p * kPiece + i;
-      v[k] = i < kPiece && g < n8 ? x[g] : 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < kLoads; ++k) {
-      const int i = threadIdx.x - 32 + k * kLoaders;
-      if (i < kPiece) piece[p & 1][i] = v[k];
-    }
-  };
-  if (warp > 0 && pieces > 0) stage(0);
-  __syncthreads();
+  static_assert(kThreads == 256, "one thread per chain of cpu::sum_squares");
+  constexpr int kBatch = 8;
+  __shared__ float part[kThreads];
+  __shared__ float total;
   float s = 0.0f;
-  for (int64_t p = 0; p < pieces; ++p) {
-    if (warp > 0) {
-      if (p + 1 < pieces) stage(p + 1);
-    } else if (lane < 8) {
-      const float* src = piece[p & 1];
-      const int64_t left = n8 - p * kPiece;
-      const int len = left < kPiece ? static_cast<int>(left) : kPiece;  // a multiple of 8
-#pragma unroll 16
-      for (int i = lane; i < len; i += 8) s = __fadd_rn(s, __fmul_rn(src[i], src[i]));
-    }
+  for (int64_t i0 = threadIdx.x; i0 < n; i0 += kBatch * kThreads) {
+    float v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) v[k] = i0 + k * kThreads < n ? x[i0 + k * kThreads] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (i0 + k * kThreads < n) s = __fadd_rn(s, __fmul_rn(v[k], v[k]));
+  }
+  part[threadIdx.x] = s;
+  __syncthreads();
+#pragma unroll
+  for (int h = kThreads / 2; h >= 32; h /= 2) {
+    if (threadIdx.x < h) part[threadIdx.x] = __fadd_rn(part[threadIdx.x], part[threadIdx.x + h]);
     __syncthreads();
   }
-  if (warp == 0) {
-    if (lane < 8) chains[lane] = s;
-    if (lane == 8) {
-      float tail = 0.0f;
-      for (int64_t i = n8; i < n; ++i) tail = __fadd_rn(tail, __fmul_rn(x[i], x[i]));
-      chains[8] = tail;
-    }
+  if (threadIdx.x < 32) {
+    float v = part[threadIdx.x];
+#pragma unroll
+    for (int h = 16; h > 0; h /= 2) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, h));
+    if (threadIdx.x == 0) total = v;
   }
   __syncthreads();
-  return sum_dot_chains(chains, chains[8]);
+  return total;
 }
 
 }  // namespace di::cuda

@@ -63,11 +63,10 @@ int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>(blocks_for(n
 
 // ---- rmsnorm ----------------------------------------------------------------------------------------
 
-// [S, n] one CTA per row. The sum of squares reproduces cpu::dot(x, x, n) bit for bit
-// (cuda::block_sum_squares_exact: warps 1.. stage the row in shared memory while warp 0 runs the
-// CPU's eight fp32 chains); then every thread scales its share of the row. Reads 8 B and writes 4 B
-// per element (the second read of x hits L2); the time is the chain of n/8 dependent adds (~1.4 us
-// at n = 5120). One warp per row was latency-bound: 14.4 us at n = 5120 in ncu.
+// [S, n] one CTA per row. The sum of squares reproduces cpu::sum_squares(x, n) bit for bit
+// (cuda::block_sum_squares_exact: 256 chains, one per thread, and a tree); then every thread scales
+// its share of the row. Reads 8 B and writes 4 B per element (the second read of x hits L2). One
+// warp per row was latency-bound: 14.4 us at n = 5120 in ncu.
 constexpr int kNormThreads = 256;
 
 template <DType kD>
