@@ -429,7 +429,6 @@ void quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool
   DI_CHECK_MSG(K % 32 == 0, "FP8 linear needs K divisible by 32");
   DI_CHECK_MSG(S * K < (1LL << 31) && N < (1LL << 30) && (S + 63) / 64 <= 65535, "linear: shape too large");
   if (S == 0 || N == 0) return;
-  if (!invariant && gemv_fp8_fits(S, w)) return gemv_fp8(x, w, y);
   if (w.mode == WeightMode::kFp8Block)
     launch_quantized_nt<mma::WFmt::kFp8Block>(nt_for(S), x, S, w, y, invariant);
   else

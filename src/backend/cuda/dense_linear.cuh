@@ -16,13 +16,6 @@ namespace di::cuda::dense {
 // invariant: K split chosen without the row count (batch_invariance.cuh).
 void quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, bool invariant = false);
 
-// quantized_linear for one row of kFp8Block weights on the CUDA cores (dense_gemv.cu): the same
-// quantized activation and block scales, more bytes in flight than the MMA tile at one row. Not for
-// the batch-invariant mode (its rows must not depend on the row count's kernel).
-inline constexpr int64_t kGemvMaxK = 16384;  // the activation row lives in shared memory (4 K bytes)
-bool gemv_fp8_fits(int64_t rows, const Weight& w);
-void gemv_fp8(const float* x, const Weight& w, float* y);
-
 // The activation quantizer of quantized_linear: codes [rows, K] E4M3, scales [rows, K/32] as floats.
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);
 
