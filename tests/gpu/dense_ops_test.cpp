@@ -250,8 +250,8 @@ TEST_F(DenseOps, LinearDecodeShapes) {
     check_linear(*this, WeightMode::kFp4Expert, DType::kI8, s, 520, 4096);
   }
   check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, 3, 32768 / 16, 1280);
-  // one row on the CUDA-core GEMV (dense_gemv.cu): every rows x chunks shape it picks, K not a
-  // multiple of 512 bytes, row counts that leave a warp's last row group partial
+  // one row at the V4.1 widths and K not a multiple of 512 bytes, row counts that leave a warp's
+  // 32-row tile partial
   for (auto [n, k] : {std::pair<int64_t, int64_t>{77, 8192}, {203, 2304}, {130, 1280}, {61, 480}, {9, 160}})
     check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, 1, n, k);
   // more row blocks than resident CTAs (no K split) and K longer than one staged activation chunk

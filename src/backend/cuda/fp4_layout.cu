@@ -38,21 +38,16 @@ __global__ void tile_data_kernel(const uint8_t* __restrict__ src, int64_t rows, 
   }
 }
 
-// One thread per bf16 scale of the tiled layout.
+// One thread per scale byte of the tiled layout.
 __global__ void tile_scale_kernel(const uint8_t* __restrict__ src, int64_t scale_cols, int64_t rows, int64_t cols,
-                                  int64_t n, uint16_t* __restrict__ dst) {
+                                  int64_t n, uint8_t* __restrict__ dst) {
   const int64_t nb = cols / 32, nb4 = (nb + 3) / 4;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int b = static_cast<int>(i % 4), j = static_cast<int>(i / 4 % 4), g = static_cast<int>(i / 16 % 8);
     const int64_t tk = i / 128, t = tk / nb4, kb = 4 * (tk % nb4) + b;
     const int64_t r = tile_row(t, g, j);
-    if (r >= rows || kb >= nb) {
-      dst[i] = 0;
-      continue;
-    }
-    const uint32_t e = src[r * scale_cols + kb];
-    dst[i] = static_cast<uint16_t>(e == 0 ? 0x0040u : (e == 255 ? 0x7fc0u : e << 7));  // bf16 bits of 2^(e-127)
+    dst[i] = r < rows && kb < nb ? src[r * scale_cols + kb] : uint8_t{0};
   }
 }
 
@@ -66,8 +61,7 @@ void tile(const uint8_t* data, const uint8_t* scales, int64_t scale_cols, int64_
   if (words == 0) return;
   tile_data_kernel<<<grid_for(words), 256>>>(data, rows, cols, words, reinterpret_cast<uint32_t*>(dst));
   DI_CUDA_LAUNCH_CHECK();
-  tile_scale_kernel<<<grid_for(sb / 2), 256>>>(scales, scale_cols, rows, cols, sb / 2,
-                                              reinterpret_cast<uint16_t*>(dst + data_bytes(rows, cols)));
+  tile_scale_kernel<<<grid_for(sb), 256>>>(scales, scale_cols, rows, cols, sb, dst + data_bytes(rows, cols));
   DI_CUDA_LAUNCH_CHECK();
 }
 

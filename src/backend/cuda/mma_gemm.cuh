@@ -1,5 +1,5 @@
-// Warp tiles of the quantized GEMMs (dense decode linear, grouped MoE experts) on the tensor cores:
-// e4m3 x e4m3 -> f32 (as ptxas lowers mma.sync m16n8k32 e4m3 on sm_90), one MMA per 32-wide K block, whose partial is scaled
+// Warp tiles of the quantized GEMMs (dense decode linear, grouped MoE experts) on the FP8 tensor
+// cores: mma.sync m16n8k32 e4m3 x e4m3 -> f32, one MMA per 32-wide K block, whose partial is scaled
 // by the activation and weight E8M0 scales and added to an fp32 accumulator on the CUDA cores (the
 // structure of the reference's fp8_gemm / fp4_gemm and of CpuBackend::linear; the block partial itself
 // is summed by the tensor core, so results equal the CPU's to rounding, not bit for bit).
@@ -18,7 +18,7 @@
 //
 // MXFP4 weights (E2M1, per-row-per-32 E8M0 scales) are widened to E4M3 in registers (every E2M1
 // value is exact in E4M3). They are stored tiled and re-encoded (fp4_layout.cuh): a lane's 4 rows of
-// a K block are one 16-byte load, its scales of 4 blocks (bf16) two more, and a row's word gives its 8 codes
+// a K block are one 16-byte load, its scales of 4 blocks another, and a row's word gives its 8 codes
 // as E4M3 bytes in a few logic ops (fp4_lo / fp4_hi).
 #pragma once
 
@@ -78,51 +78,23 @@ __device__ __forceinline__ uint32_t fp4_lo(uint32_t w) { return w & 0x9C9C9C9Cu;
 __device__ __forceinline__ uint32_t fp4_hi(uint32_t w) { return ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u); }
 inline constexpr float kFp4CodeScale = 64.0f;  // the activation scales of MXFP4 tiles absorb the 2^-6
 
-// The bf16 scale in half `hi` of a word of the tiled MXFP4 scales (fp4_layout.cuh), as a float:
-// one logic op.
-__device__ __forceinline__ float bf16_half_to_float(uint32_t w, bool hi) {
-  return __uint_as_float(hi ? w & 0xffff0000u : w << 16);
+// The E8M0 scale in byte b of a packed word (b is a constant after unrolling), as a float: byte << 23,
+// a shift and a mask instead of the byte extraction and the two compare-selects of e8m0_to_float (the
+// MXFP4 tile converts four scales per K block, and ncu found the grouped MoE kernel bound by its
+// integer pipe; each op per scale is ~2.5% of its time at batch 64: bench/RESULTS.md). Byte 0 (2^-127)
+// reads as 0 -- its block's values are below 6 x 2^-127, flushed as an FTZ product would be -- and
+// byte 0xFF (NaN in E8M0) as +inf: the output is non-finite either way.
+__device__ __forceinline__ float e8m0_byte_to_float(uint32_t w, int b) {
+  return __uint_as_float((b < 3 ? w << (23 - 8 * b) : w >> 1) & 0x7f800000u);
 }
 
-// Two e4m3 values (the low / high byte of v) as f16x2, exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t v) {
-  uint32_t r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(v));
-  return r;
-}
-
-// An e4m3 MMA operand (registers of 4 bytes, k ascending) as two f16 operands: the low two bytes
-// of each register, then the high two.
-template <int R>
-struct E4m3AsF16 {
-  uint32_t lo[R], hi[R];
-  __device__ __forceinline__ explicit E4m3AsF16(const uint32_t* r) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      lo[i] = e4m3x2_to_f16x2(static_cast<uint16_t>(r[i]));
-      hi[i] = e4m3x2_to_f16x2(static_cast<uint16_t>(r[i] >> 16));
-    }
-  }
-};
-
-// d = A (16x32 e4m3) x B (32x8 e4m3), fresh fp32 accumulators, from the operands as f16. sm_90 has
-// no FP8 mma.sync: ptxas lowers m16n8k32 e4m3 to these conversions and two f16 m16n8k16 MMAs (the
-// low halves of the registers, then the high halves), then adds the C operand -- 4 FADDs of zero
-// per MMA, ~10% of the grouped MoE kernel's instructions per K block, which is issue-bound. Written
-// out: the same MMAs without the adds (the same bits; the adds only turned -0 into +0, which the
-// scaled sum absorbs), and each operand converted once for all the MMAs that use it.
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const E4m3AsF16<4>& a, const E4m3AsF16<2>& b) {
+// d = A (16x32 e4m3) x B (32x8 e4m3), fresh fp32 accumulators.
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%10, %11, %12, %13};"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a.lo[0]), "r"(a.lo[1]), "r"(a.lo[2]), "r"(a.lo[3]), "r"(b.lo[0]), "r"(b.lo[1]), "f"(0.0f), "f"(0.0f),
-        "f"(0.0f), "f"(0.0f));
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a.hi[0]), "r"(a.hi[1]), "r"(a.hi[2]), "r"(a.hi[3]), "r"(b.hi[0]), "r"(b.hi[1]));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f), "f"(0.0f), "f"(0.0f));
 }
 
 // d += A (16x16 bf16, row) x B (16x8 bf16, col), fp32 accumulators.
@@ -190,9 +162,9 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   constexpr int U = kStageBlocks<F, NT>;
   constexpr bool kFp8 = F == WFmt::kFp8Block;
   constexpr int W = kFp8 ? 2 : 1;  // 32-bit weight words per (block, row) per lane
-  // scale registers per stage: FP8 one byte per block (the warp's 32-row block), one per register;
-  // FP4 the U bf16 scales of each of the lane's 4 rows, packed 2 to a register ([U/4][row][2])
-  constexpr int SW = kFp8 ? U : 2 * U;
+  // scale registers per stage, U either way: FP8 one byte per block (the warp's 32-row block), one per
+  // register; FP4 the U bytes of each of the lane's 4 rows, packed 4 to a register
+  constexpr int SW = U;
   static_assert(kFp8 || U % 4 == 0, "FP4 stages hold whole scale words");
   __shared__ __align__(16) uint8_t sx[Shape::kRows * S];
   __shared__ float ss[Shape::kRows * SS];
@@ -207,7 +179,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   warp_rows(w, row0, N, K, 8 * q, wr, ok);
   const uint8_t* w4 = w + (static_cast<int64_t>(tile) * nb * 32 + lane) * 16;
   const uint8_t* s8 = wscale + static_cast<int64_t>(tile) * scale_cols;
-  const uint8_t* s4 = wscale + (static_cast<int64_t>(tile) * ((nb + 3) / 4) * 8 + g) * 32;
+  const uint8_t* s4 = wscale + (static_cast<int64_t>(tile) * ((nb + 3) / 4) * 8 + g) * 16;
   // weight words and scales of K blocks kb .. kb+U-1 (zero past kb1 / N)
   auto load = [&](uint32_t (&a)[U][2][2][W], uint32_t (&sc)[SW], int kb) {
     if constexpr (kFp8) {
@@ -233,10 +205,8 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
 #pragma unroll
       for (int j = 0; j < U / 4; ++j) {  // stages start 4-aligned (plan_split), so whole scale groups
         const int k = kb + 4 * j;
-        const uint4* p = reinterpret_cast<const uint4*>(s4 + (k / 4) * 256);
-        const uint4 v0 = k < kb1 ? __ldg(p) : make_uint4(0u, 0u, 0u, 0u), v1 = k < kb1 ? __ldg(p + 1) : make_uint4(0u, 0u, 0u, 0u);
-        sc[8 * j] = v0.x, sc[8 * j + 1] = v0.y, sc[8 * j + 2] = v0.z, sc[8 * j + 3] = v0.w;
-        sc[8 * j + 4] = v1.x, sc[8 * j + 5] = v1.y, sc[8 * j + 6] = v1.z, sc[8 * j + 7] = v1.w;
+        const uint4 v = k < kb1 ? __ldg(reinterpret_cast<const uint4*>(s4 + (k / 4) * 128)) : make_uint4(0u, 0u, 0u, 0u);
+        sc[0 * (U / 4) + j] = v.x, sc[1 * (U / 4) + j] = v.y, sc[2 * (U / 4) + j] = v.z, sc[3 * (U / 4) + j] = v.w;
       }
     }
   };
@@ -309,7 +279,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-              ws[mt][h] = bf16_half_to_float(cur_s[8 * (u / 4) + 2 * (mt * 2 + h) + (u % 4) / 2], u % 2 == 1);
+              ws[mt][h] = e8m0_byte_to_float(cur_s[(mt * 2 + h) * (U / 4) + u / 4], u % 4);
         }
         uint32_t a[2][4];
 #pragma unroll
@@ -326,18 +296,15 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
             a[mt][3] = fp4_hi(cur[u][mt][1][0]);
           }
         }
-        const E4m3AsF16<4> af[2] = {E4m3AsF16<4>(a[0]), E4m3AsF16<4>(a[1])};
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           if (nt >= nt_active) break;
           const uint2 b = *reinterpret_cast<const uint2*>(xs_lane + nt * 8 * S + u * 32);
-          const uint32_t bw[2] = {b.x, b.y};
-          const E4m3AsF16<2> bf(bw);
           const float s0 = ss_lane[nt * 8 * SS + u], s1 = ss_lane[nt * 8 * SS + SS + u];
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             float d[4];
-            mma_e4m3(d, af[mt], bf);
+            mma_e4m3(d, a[mt], b.x, b.y);
             // partial * (act scale * weight scale): both powers of two, so this is the CPU's
             // (partial * xs) * ws unless an intermediate leaves the normal range
             acc[mt][nt][0] = fmaf(d[0], s0 * ws[mt][0], acc[mt][nt][0]);
