@@ -46,71 +46,8 @@ __device__ __forceinline__ void ldmatrix_b_trans(const __nv_bfloat16* row_ptr, u
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr));
 }
 
-// One 8-element chunk of a key row, as loaded: 8 floats (kind 1), FP8 codes + scale byte (2), FP4
-// codes + scale byte (3); kind 0 is a missing key (zeros), kind 4 a packed row read bytewise when
-// stored (rows of other widths). Loading a thread's chunks before converting any keeps them all in
-// flight: one chunk at a time, the 16 chunks per thread of a block were 16 memory round trips.
-struct KeyChunk {
-  uint4 a, b;
-  int kind;
-};
-
-__device__ __forceinline__ KeyChunk load_key_chunk(const AttnKeys& keys, int id, int dh, int c) {
-  KeyChunk k{};
-  if (id < 0) return k;
-  if (id < keys.n_kv || keys.packed == nullptr) {
-    const float* row = id < keys.n_kv ? keys.kv + static_cast<int64_t>(id) * dh : keys.more + (id - keys.n_kv) * dh;
-    k.a = __ldg(reinterpret_cast<const uint4*>(row + 8 * c));
-    k.b = __ldg(reinterpret_cast<const uint4*>(row + 8 * c) + 1);
-    k.kind = 1;
-    return k;
-  }
-  const uint8_t* row = keys.packed + (id - keys.n_kv) * keys.packed_row_bytes;
-  k.kind = 4;
-  if (keys.fmt == RowFormat::kFp8Ue8m0 && reinterpret_cast<uintptr_t>(row) % 8 == 0) {
-    const uint2 codes = __ldg(reinterpret_cast<const uint2*>(row + 8 * c));
-    k.a = make_uint4(codes.x, codes.y, __ldg(row + dh + 8 * c / 32), 0u);
-    k.kind = 2;
-  } else if (keys.fmt == RowFormat::kFp4E4m3 && reinterpret_cast<uintptr_t>(row) % 4 == 0) {
-    k.a = make_uint4(__ldg(reinterpret_cast<const uint32_t*>(row + 4 * c)), __ldg(row + dh / 2 + 8 * c / 16), 0u, 0u);
-    k.kind = 3;
-  }
-  return k;
-}
-
-// The chunk as 8 bf16 values at dst: unpack_rows' values for packed rows (bf16(e4m3 x e8m0),
-// bf16(e2m1 x e4m3) with the even element in the low nibble).
-__device__ __forceinline__ void store_key_chunk(const KeyChunk& k, const AttnKeys& keys, int id, int dh, int c,
-                                                __nv_bfloat16* dst) {
-  float v[8];
-  if (k.kind == 0) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-  } else if (k.kind == 1) {
-    const float4 a = *reinterpret_cast<const float4*>(&k.a), b = *reinterpret_cast<const float4*>(&k.b);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  } else if (k.kind == 2) {
-    const float s = e8m0_to_float(static_cast<uint8_t>(k.a.z));
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      v[i] = dq::round_bf16(__fmul_rn(e4m3_to_float(static_cast<uint8_t>((i < 4 ? k.a.x : k.a.y) >> (8 * (i % 4)))), s));
-  } else if (k.kind == 3) {
-    const float s = e4m3_to_float(static_cast<uint8_t>(k.a.y));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = dq::round_bf16(__fmul_rn(dq::e2m1_to_float_fast((k.a.x >> (4 * i)) & 15u), s));
-  } else {
-    const uint8_t* row = keys.packed + (id - keys.n_kv) * keys.packed_row_bytes;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = packed_at(row, keys.fmt, dh, 8 * c + i);
-  }
-  *reinterpret_cast<uint4*>(dst) =
-      make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
-}
-
-constexpr int kStageUnroll = 4;  // chunks a thread loads before converting
-
 // Block `blk` of row r's list: ids[j] (-1 past the list, for -1 and for out-of-range ids), then the
-// key rows as bf16 into tile [64][dh + kPad] (zeros for -1).
+// key rows as bf16 into tile [64][dh + kPad] (zeros for -1), 8 elements per thread step.
 __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx, int64_t r, int64_t len, int64_t blk,
                            int dh, int32_t* ids, __nv_bfloat16* tile) {
   for (int j = threadIdx.x; j < kBlock; j += kThreads) {
@@ -119,19 +56,51 @@ __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx
     ids[j] = id >= 0 && id < keys.n_kv + keys.n_more ? id : -1;
   }
   __syncthreads();
-  const int chunks = dh / 8, st = dh + kPad, total = kBlock * chunks;
-  for (int e0 = threadIdx.x; e0 < total; e0 += kStageUnroll * kThreads) {
-    KeyChunk k[kStageUnroll];
+  const int chunks = dh / 8, st = dh + kPad;
+  for (int e = threadIdx.x; e < kBlock * chunks; e += kThreads) {
+    const int j = e / chunks, c = e % chunks, id = ids[j];
+    float v[8];
+    if (id < 0) {
 #pragma unroll
-    for (int u = 0; u < kStageUnroll; ++u) {
-      const int e = e0 + u * kThreads;
-      if (e < total) k[u] = load_key_chunk(keys, ids[e / chunks], dh, e % chunks);
-    }
+      for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    } else if (id < keys.n_kv || keys.packed == nullptr) {
+      const float* row = id < keys.n_kv ? keys.kv + static_cast<int64_t>(id) * dh : keys.more + (id - keys.n_kv) * dh;
+      const float4 a = __ldg(reinterpret_cast<const float4*>(row + 8 * c));
+      const float4 b = __ldg(reinterpret_cast<const float4*>(row + 8 * c) + 1);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+      const uint8_t* row = keys.packed + (id - keys.n_kv) * keys.packed_row_bytes;
+      if (keys.fmt == RowFormat::kFp8Ue8m0) {  // unpack_rows' values: bf16(e4m3 x e8m0)
+        uint2 codes;
+        if (reinterpret_cast<uintptr_t>(row) % 8 == 0) {
+          codes = __ldg(reinterpret_cast<const uint2*>(row + 8 * c));
+        } else {  // rows of other widths: bytes
+          codes = make_uint2(0u, 0u);
 #pragma unroll
-    for (int u = 0; u < kStageUnroll; ++u) {
-      const int e = e0 + u * kThreads, j = e / chunks, c = e % chunks;
-      if (e < total) store_key_chunk(k[u], keys, ids[j], dh, c, tile + j * st + 8 * c);
+          for (int i = 0; i < 8; ++i) (i < 4 ? codes.x : codes.y) |= static_cast<uint32_t>(row[8 * c + i]) << (8 * (i % 4));
+        }
+        const float s = e8m0_to_float(row[dh + 8 * c / 32]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          v[i] = dq::round_bf16(__fmul_rn(e4m3_to_float(static_cast<uint8_t>((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)))), s));
+      } else if (keys.fmt == RowFormat::kFp4E4m3) {  // bf16(e2m1 x e4m3), even element in the low nibble
+        uint32_t codes = 0;
+        if (reinterpret_cast<uintptr_t>(row) % 4 == 0) {
+          codes = __ldg(reinterpret_cast<const uint32_t*>(row + 4 * c));
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) codes |= static_cast<uint32_t>(row[4 * c + i]) << (8 * i);
+        }
+        const float s = e4m3_to_float(row[dh / 2 + 8 * c / 16]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = dq::round_bf16(__fmul_rn(dq::e2m1_to_float_fast((codes >> (4 * i)) & 15u), s));
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = packed_at(row, keys.fmt, dh, 8 * c + i);
+      }
     }
+    *reinterpret_cast<uint4*>(tile + j * st + 8 * c) =
+        make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
   }
 }
 
@@ -150,23 +119,13 @@ __global__ void __launch_bounds__(kThreads)
   const int h0 = blockIdx.y * kHeadTile, hn = min(kHeadTile, heads - h0);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, qd = lane % 4;
   // the row's queries as bf16
-  const int chunks = dh / 8, total = hn * chunks;
-  for (int e0 = threadIdx.x; e0 < total; e0 += kStageUnroll * kThreads) {
-    float4 a[kStageUnroll], b[kStageUnroll];
-#pragma unroll
-    for (int u = 0; u < kStageUnroll; ++u) {
-      const int e = e0 + u * kThreads;
-      if (e >= total) continue;
-      const float4* p = reinterpret_cast<const float4*>(q + (r * heads + h0 + e / chunks) * dh + 8 * (e % chunks));
-      a[u] = __ldg(p), b[u] = __ldg(p + 1);
-    }
-#pragma unroll
-    for (int u = 0; u < kStageUnroll; ++u) {
-      const int e = e0 + u * kThreads;
-      if (e < total)
-        *reinterpret_cast<uint4*>(qs + (e / chunks) * st + 8 * (e % chunks)) = make_uint4(
-            pack_bf16(a[u].x, a[u].y), pack_bf16(a[u].z, a[u].w), pack_bf16(b[u].x, b[u].y), pack_bf16(b[u].z, b[u].w));
-    }
+  const int chunks = dh / 8;
+  for (int e = threadIdx.x; e < hn * chunks; e += kThreads) {
+    const int h = e / chunks, c = e % chunks;
+    const float4* p = reinterpret_cast<const float4*>(q + (r * heads + h0 + h) * dh + 8 * c);
+    const float4 a = __ldg(p), b = __ldg(p + 1);
+    *reinterpret_cast<uint4*>(qs + h * st + 8 * c) =
+        make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
   }
   stage_keys(keys, idx, r, len, blk, dh, ids, ks);
   __syncthreads();
