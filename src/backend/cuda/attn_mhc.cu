@@ -23,29 +23,18 @@ __device__ __forceinline__ float sigmoid_ref(float x) {
   return __fdiv_rn(1.0f, __fadd_rn(1.0f, cuda::attn::exp_ref(-x)));
 }
 
-// Stage 1, grid (splits + 1, rows). CTA (c < splits, r): the fp64 dot products of x[r, chunk c] with
-// the mix rows of fn over that chunk (products exact in fp64), summed per thread, then across the CTA
-// in a fixed order, into part[r, c, mix]. CTA (splits, r): the row's mean square, cpu::sum_squares'
-// exact fp32 order (the whole CTA, overlapping the dot CTAs), into rs[r] = 1 / sqrt(ss / n + eps).
-// fn [mix, n] is read once per row group (L2-resident across rows), x once per CTA. The weight type
-// is a template parameter so that the 24 loads of an element issue back to back: with the type
-// switch inside the loop they ran one L2 round trip at a time (168 -> 42 us per call at batch 64,
-// where a thread walks 20 elements; 14 us at batch 1, one element, unchanged).
+// Stage 1, grid (splits, rows). CTA (c, r): the fp64 dot products of x[r, chunk c] with the mix rows
+// of fn over that chunk (products exact in fp64), summed per thread, then across the CTA in a fixed
+// order, into part[r, c, mix]. fn [mix, n] is read once per row group (L2-resident across rows), x
+// once per CTA. The weight type is a template parameter so that the 24 loads of an element issue
+// back to back: with the type switch inside the loop they ran one L2 round trip at a time (168 -> 42
+// us per call at batch 64, where a thread walks 20 elements; 14 us at batch 1, one element).
 template <WType T>
 __global__ void hc_mixes_dots_kernel(const float* __restrict__ x, int64_t n, int mix, int64_t chunk, int splits,
-                                     const uint8_t* __restrict__ fn, float norm_eps, double* __restrict__ part,
-                                     float* __restrict__ rs) {
+                                     const uint8_t* __restrict__ fn, double* __restrict__ part) {
   const int64_t r = blockIdx.y;
   const float* xr = x + r * n;
   const int c = blockIdx.x;
-  if (c == splits) {
-    const float ss = cuda::block_sum_squares_exact<kDotThreads>(xr, n);
-    if (threadIdx.x == 0) {
-      const float var = __fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), norm_eps);
-      rs[r] = __fdiv_rn(1.0f, __fsqrt_rn(var));
-    }
-    return;
-  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __shared__ double red[kDotWarps][kDotAcc];
   const int64_t k0 = c * chunk, k1 = min(n, k0 + chunk);
@@ -79,19 +68,24 @@ __global__ void hc_mixes_dots_kernel(const float* __restrict__ x, int64_t n, int
   }
 }
 
-// Stage 2, one CTA per row: the chunk sums in chunk order (fp64), then the fp32 epilogue in the CPU's
-// order - sigmoids, softmax rows, Sinkhorn - with one thread per comb element (every row / column
-// sum is recomputed by each of its elements in the CPU's sequential order, so no sum is reordered).
-__global__ void hc_mixes_finish_kernel(const double* __restrict__ part, const float* __restrict__ rs_in, int splits,
-                                       int hc, const uint8_t* scale, WType scale_t, const uint8_t* base,
-                                       WType base_t, int sinkhorn_iters, float hc_eps, float* __restrict__ out) {
+// Stage 2, one CTA per row: the row's mean square in cpu::sum_squares' exact fp32 order, rs = 1 /
+// sqrt(ss / n + eps) (here rather than in CTAs of stage 1: there, beside the dot CTAs, it made the
+// dots kernel 42 -> 91 us at batch 64); the chunk sums in chunk order (fp64); then the fp32 epilogue
+// in the CPU's order - sigmoids, softmax rows, Sinkhorn - with one thread per comb element (every
+// row / column sum is recomputed by each of its elements in the CPU's sequential order, so no sum is
+// reordered).
+__global__ void __launch_bounds__(kFinThreads)
+    hc_mixes_finish_kernel(const double* __restrict__ part, const float* __restrict__ x, int64_t n, float norm_eps,
+                           int splits, int hc, const uint8_t* scale, WType scale_t, const uint8_t* base,
+                           WType base_t, int sinkhorn_iters, float hc_eps, float* __restrict__ out) {
   const int mix = (2 + hc) * hc;
   const int64_t r = blockIdx.x;
   const int t = threadIdx.x;
   __shared__ float m[(2 + kMaxHc) * kMaxHc];
   __shared__ float comb[kMaxHc * kMaxHc];
   __shared__ double staged[kFinStage];
-  const float rs = rs_in[r];
+  const float ss = cuda::block_sum_squares_exact<kFinThreads>(x + r * n, n);
+  const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), norm_eps)));
   // The chunk sums in chunk order. The row's partials come through shared memory, a stage at a time
   // with every load in flight (summing straight from global memory was a round trip per chunk).
   const double* pr = part + r * splits * mix;
@@ -239,26 +233,25 @@ Tensor CudaBackend::hc_mixes(const Tensor& x, int hc, const Weight& fn, const We
   const int splits = cuda::bi::hc_mixes_splits(batch_invariant_, s, n);
   const int64_t chunk = (n + splits - 1) / splits;
   Tensor part = alloc(TType::kF32, {s, splits * mix * 2});  // fp64 chunk sums
-  Tensor rs = alloc(TType::kF32, {s});
-  const dim3 grid(splits + 1, static_cast<unsigned>(s));
+  const dim3 grid(splits, static_cast<unsigned>(s));
   double* partials = reinterpret_cast<double*>(part.f32());
   switch (fn_t) {
     case WType::kBf16:
-      hc_mixes_dots_kernel<WType::kBf16><<<grid, kDotThreads>>>(x.f32(), n, mix, chunk, splits, cuda::wdata(fn),
-                                                                  norm_eps, partials, rs.f32());
+      hc_mixes_dots_kernel<WType::kBf16>
+          <<<grid, kDotThreads>>>(x.f32(), n, mix, chunk, splits, cuda::wdata(fn), partials);
       break;
     case WType::kF16:
-      hc_mixes_dots_kernel<WType::kF16><<<grid, kDotThreads>>>(x.f32(), n, mix, chunk, splits, cuda::wdata(fn),
-                                                                 norm_eps, partials, rs.f32());
+      hc_mixes_dots_kernel<WType::kF16>
+          <<<grid, kDotThreads>>>(x.f32(), n, mix, chunk, splits, cuda::wdata(fn), partials);
       break;
     default:
-      hc_mixes_dots_kernel<WType::kF32><<<grid, kDotThreads>>>(x.f32(), n, mix, chunk, splits, cuda::wdata(fn),
-                                                                 norm_eps, partials, rs.f32());
+      hc_mixes_dots_kernel<WType::kF32>
+          <<<grid, kDotThreads>>>(x.f32(), n, mix, chunk, splits, cuda::wdata(fn), partials);
   }
   DI_CUDA_LAUNCH_CHECK();
   hc_mixes_finish_kernel<<<static_cast<unsigned>(s), kFinThreads>>>(
-      reinterpret_cast<const double*>(part.f32()), rs.f32(), splits, hc, cuda::wdata(scale), sc_t, cuda::wdata(base),
-      bs_t, sinkhorn_iters, hc_eps, out.f32());
+      reinterpret_cast<const double*>(part.f32()), x.f32(), n, norm_eps, splits, hc, cuda::wdata(scale), sc_t,
+      cuda::wdata(base), bs_t, sinkhorn_iters, hc_eps, out.f32());
   DI_CUDA_LAUNCH_CHECK();
   return out;
 }
