@@ -16,7 +16,7 @@ constexpr int kMaxHc = 8;          // comb is hc x hc in shared memory
 constexpr int kDotThreads = 256;   // hc_mixes_dots: one CTA per (K chunk, row)
 constexpr int kDotWarps = kDotThreads / 32;
 constexpr int kDotAcc = 24;        // fp64 accumulators per thread per pass over the chunk (mix = 24 at hc 4)
-constexpr int kFinThreads = 128;   // hc_mixes_finish: >= mix and >= hc * hc (80 and 64 at hc 8)
+constexpr int kFinThreads = 256;   // hc_mixes_finish: >= mix, >= hc * hc, and one per chain of the mean square
 constexpr int kFinStage = 2048;    // hc_mixes_finish: partials staged per pass (16 KB; >= mix)
 
 __device__ __forceinline__ float sigmoid_ref(float x) {
