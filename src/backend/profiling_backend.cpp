@@ -153,6 +153,12 @@ void ProfilingBackend::copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int
   timed("copy_rows", b, 0, false, [&] { inner_.copy_rows(dst, d0, src, s0, n); });
 }
 
+void ProfilingBackend::copy_rows_batch(const std::vector<RowCopy>& copies) {
+  double b = 0;
+  for (const RowCopy& c : copies) b += 2.0 * c.n * (c.src.rows() ? tensor_bytes(c.src) / c.src.rows() : 0);
+  timed("copy_rows_batch", b, 0, false, [&] { inner_.copy_rows_batch(copies); });
+}
+
 Tensor ProfilingBackend::concat_cols(const Tensor& a, const Tensor& b) {
   const double bytes = 2.0 * (tensor_bytes(a) + tensor_bytes(b));
   return track(timed("concat_cols", bytes, 0, false, [&] { return inner_.concat_cols(a, b); }));

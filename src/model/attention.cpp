@@ -272,34 +272,38 @@ void Model::compress(int layer, const AttnRows& r, Batch& batch) {
     ms = be.alloc(TType::kF32, {total * ratio, dh});
   }
   std::vector<int64_t> gpos, slots;  // per latent row: its group's first token, its pool row
+  // Every part's row copies, in two batches (one launch each on CUDA): the group members (read from
+  // the pending tails), then the new pending tokens (written to the tails) -- the reads before the
+  // writes that may reuse their slots.
+  std::vector<Backend::RowCopy> members, pending;
   for (size_t pi = 0; pi < batch.parts.size(); ++pi) {
     const BatchPart& p = batch.parts[pi];
     const Groups& g = groups[pi];
     LayerCache& cache = p.state->layers[layer];
     const int64_t start = p.start, end = start + p.n, compress_len = end / ratio;
     if (ratio == 1) {
-      if (g.ng > 0) be.copy_rows(latent, g.at, r.comp_kv, p.cur.row0 + (g.gw - start), g.ng);
+      if (g.ng > 0) members.push_back({latent, g.at, r.comp_kv, p.cur.row0 + (g.gw - start), g.ng});
     } else {
       Tensor kvf = row_view(r.comp_kv, p.cur.row0, p.n), score = row_view(r.comp_score, p.cur.row0, p.n);
       // members of the completed groups: the pending tail, then this chunk's rows; one copy per
-      // contiguous run (tail slots up to a wrap, then the chunk): launches, not rows, cost
+      // contiguous run (tail slots up to a wrap, then the chunk)
       const int64_t t0 = g.gw * ratio, t1 = compress_len * ratio, m0 = g.at * ratio;
       for (int64_t t = t0; t < t1;) {
         if (t < start) {
           const int64_t run = std::min({t1, start, t + ratio - t % ratio}) - t;
-          be.copy_rows(mk, m0 + t - t0, cache.tail_kv, t % ratio, run);
-          be.copy_rows(ms, m0 + t - t0, cache.tail_score, t % ratio, run);
+          members.push_back({mk, m0 + t - t0, cache.tail_kv, t % ratio, run});
+          members.push_back({ms, m0 + t - t0, cache.tail_score, t % ratio, run});
           t += run;
         } else {
-          be.copy_rows(mk, m0 + t - t0, kvf, t - start, t1 - t);
-          be.copy_rows(ms, m0 + t - t0, score, t - start, t1 - t);
+          members.push_back({mk, m0 + t - t0, kvf, t - start, t1 - t});
+          members.push_back({ms, m0 + t - t0, score, t - start, t1 - t});
           t = t1;
         }
       }
       for (int64_t t = std::max(start, compress_len * ratio); t < end;) {  // new pending tokens, by runs
         const int64_t run = std::min(end, t + ratio - t % ratio) - t;
-        be.copy_rows(cache.tail_kv, t % ratio, kvf, t - start, run);
-        be.copy_rows(cache.tail_score, t % ratio, score, t - start, run);
+        pending.push_back({cache.tail_kv, t % ratio, kvf, t - start, run});
+        pending.push_back({cache.tail_score, t % ratio, score, t - start, run});
         t += run;
       }
       // a step short enough to be rolled back keeps its inputs (see rollback_state)
@@ -316,6 +320,8 @@ void Model::compress(int layer, const AttnRows& r, Batch& batch) {
     cache.n_comp = std::max(cache.n_comp, compress_len);
     batch.scratch[pi].invalidate(layer);
   }
+  be.copy_rows_batch(members);
+  be.copy_rows_batch(pending);
   batch.index_keys.erase(layer);
   if (total == 0) return;
   // every part's new rows at once: latents, index keys, both packed into the page pool

@@ -36,6 +36,7 @@ class EpBackend final : public Backend {
   std::vector<float> to_host_f32(const Tensor& t) override { return inner_.to_host_f32(t); }
   std::vector<int32_t> to_host_i32(const Tensor& t) override { return inner_.to_host_i32(t); }
   std::span<const float> to_host_f32_staged(const Tensor& t) override { return inner_.to_host_f32_staged(t); }
+  void copy_rows_batch(const std::vector<RowCopy>& copies) override { inner_.copy_rows_batch(copies); }
   void copy_rows(Tensor& d, int64_t d0, const Tensor& s, int64_t s0, int64_t n) override {
     inner_.copy_rows(d, d0, s, s0, n);
   }

@@ -1,4 +1,5 @@
 // CUDA backend: device, memory, transfers, weight upload.
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cuda/cuda_backend.h"
@@ -34,6 +35,26 @@ std::shared_ptr<void> tensor_alloc(size_t bytes) {
   int device = 0;
   void* p = cuda::device_block(bytes, &device);
   return std::shared_ptr<void>(p, [bytes, device](void* q) { cuda::release_block(q, bytes, device); });
+}
+
+// One piece of a copy_rows_batch: a CTA copies it, in 16-byte words when everything is aligned.
+struct CopyPiece {
+  uint8_t* dst;
+  const uint8_t* src;
+  int64_t bytes;
+};
+constexpr int64_t kCopyPieceBytes = 64 << 10;  // long copies spread over CTAs
+constexpr int kCopyThreads = 256;
+
+__global__ void copy_pieces_kernel(const CopyPiece* __restrict__ pieces) {
+  const CopyPiece c = pieces[blockIdx.x];
+  if (((reinterpret_cast<uintptr_t>(c.dst) | reinterpret_cast<uintptr_t>(c.src) | c.bytes) & 15) == 0) {
+    const uint4* s = reinterpret_cast<const uint4*>(c.src);
+    uint4* d = reinterpret_cast<uint4*>(c.dst);
+    for (int64_t i = threadIdx.x; i < c.bytes / 16; i += kCopyThreads) d[i] = s[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < c.bytes; i += kCopyThreads) c.dst[i] = c.src[i];
+  }
 }
 
 }  // namespace
@@ -136,6 +157,26 @@ void CudaBackend::copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t 
   if (n > 0)
     DI_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + d0 * rb, static_cast<uint8_t*>(src.data) + s0 * rb,
                                   n * rb, cudaMemcpyDeviceToDevice, 0));
+}
+
+void CudaBackend::copy_rows_batch(const std::vector<RowCopy>& copies) {
+  std::vector<CopyPiece> pieces;
+  for (const RowCopy& c : copies) {
+    DI_CHECK(c.dst.type == c.src.type && c.dst.row_size() == c.src.row_size());
+    DI_CHECK(c.d0 >= 0 && c.s0 >= 0 && c.n >= 0 && c.d0 + c.n <= c.dst.rows() && c.s0 + c.n <= c.src.rows());
+    const int64_t rb = c.src.row_size() * static_cast<int64_t>(elem_size(c.src.type)), bytes = c.n * rb;
+    auto* d = static_cast<uint8_t*>(c.dst.data) + c.d0 * rb;
+    const auto* s = static_cast<const uint8_t*>(c.src.data) + c.s0 * rb;
+    for (int64_t at = 0; at < bytes; at += kCopyPieceBytes)
+      pieces.push_back({d + at, s + at, std::min(kCopyPieceBytes, bytes - at)});
+  }
+  constexpr size_t kMaxGrid = 65535;
+  for (size_t p0 = 0; p0 < pieces.size(); p0 += kMaxGrid) {
+    const std::vector<CopyPiece> part(pieces.begin() + p0, pieces.begin() + std::min(pieces.size(), p0 + kMaxGrid));
+    cuda::Scratch dev = cuda::upload(part);
+    copy_pieces_kernel<<<static_cast<unsigned>(part.size()), kCopyThreads>>>(dev.as<CopyPiece>());
+    DI_CUDA_LAUNCH_CHECK();
+  }
 }
 
 Tensor CudaBackend::concat_cols(const Tensor& a, const Tensor& b) {

@@ -26,6 +26,7 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> to_host_i32(const Tensor& t) override;
   std::span<const float> to_host_f32_staged(const Tensor& t) override;
   void copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t s0, int64_t n) override;
+  void copy_rows_batch(const std::vector<RowCopy>& copies) override;
   Tensor concat_cols(const Tensor& a, const Tensor& b) override;
   void prepare(Weight& w) override;
 
