@@ -74,8 +74,8 @@ TEST_F(MoeEngramOps, RouteEdgeCases) {
   check_route(*this, *cpu, *gpu, rng(), 8, 1, 7, 1.0f, 2.5f);     // top_k 1: no renormalisation
   check_route(*this, *cpu, *gpu, rng(), 16, 6, 40, 0.04f, 1.0f);  // logits / temp past softplus' threshold 20
   check_route(*this, *cpu, *gpu, rng(), 256, 6, 7, 1.0f, 1.5f);   // the model's width (several experts per lane)
-  check_route(*this, *cpu, *gpu, rng(), 384, 6, 65, 1.0f, 1.5f);  // row-tiled logits: 9 row tiles, the last of 1
-  check_route(*this, *cpu, *gpu, rng(), 40, 6, 13, 1.0f, 1.5f, 700);  // row tiles over 2.7 chunks of the width
+  check_route(*this, *cpu, *gpu, rng(), 384, 6, 65, 1.0f, 1.5f);  // V4.1's 384 experts, rows past a multiple of 8
+  check_route(*this, *cpu, *gpu, rng(), 40, 6, 13, 1.0f, 1.5f, 700);  // a width not a multiple of the lanes' loads
 }
 
 // ---- moe_experts ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ constexpr int kMaxHc = 8;          // comb is hc x hc in shared memory
 constexpr int kDotThreads = 256;   // hc_mixes_dots: one CTA per (K chunk, row)
 constexpr int kDotWarps = kDotThreads / 32;
 constexpr int kDotAcc = 24;        // fp64 accumulators per thread per pass over the chunk (mix = 24 at hc 4)
-constexpr int kFinThreads = 256;   // hc_mixes_finish: >= mix, >= hc * hc, and one per chain of the mean square
+constexpr int kFinThreads = 256;   // hc_mixes_finish: >= mix and >= hc * hc; one per mean-square chain
 constexpr int kFinStage = 2048;    // hc_mixes_finish: partials staged per pass (16 KB; >= mix)
 
 __device__ __forceinline__ float sigmoid_ref(float x) {
@@ -235,19 +235,10 @@ Tensor CudaBackend::hc_mixes(const Tensor& x, int hc, const Weight& fn, const We
   Tensor part = alloc(TType::kF32, {s, splits * mix * 2});  // fp64 chunk sums
   const dim3 grid(splits, static_cast<unsigned>(s));
   double* partials = reinterpret_cast<double*>(part.f32());
-  switch (fn_t) {
-    case WType::kBf16:
-      hc_mixes_dots_kernel<WType::kBf16>
-          <<<grid, kDotThreads>>>(x.f32(), n, mix, chunk, splits, cuda::wdata(fn), partials);
-      break;
-    case WType::kF16:
-      hc_mixes_dots_kernel<WType::kF16>
-          <<<grid, kDotThreads>>>(x.f32(), n, mix, chunk, splits, cuda::wdata(fn), partials);
-      break;
-    default:
-      hc_mixes_dots_kernel<WType::kF32>
-          <<<grid, kDotThreads>>>(x.f32(), n, mix, chunk, splits, cuda::wdata(fn), partials);
-  }
+  auto* dots = fn_t == WType::kBf16  ? hc_mixes_dots_kernel<WType::kBf16>
+               : fn_t == WType::kF16 ? hc_mixes_dots_kernel<WType::kF16>
+                                     : hc_mixes_dots_kernel<WType::kF32>;
+  dots<<<grid, kDotThreads>>>(x.f32(), n, mix, chunk, splits, cuda::wdata(fn), partials);
   DI_CUDA_LAUNCH_CHECK();
   hc_mixes_finish_kernel<<<static_cast<unsigned>(s), kFinThreads>>>(
       reinterpret_cast<const double*>(part.f32()), x.f32(), n, norm_eps, splits, hc, cuda::wdata(scale), sc_t,

@@ -170,11 +170,12 @@ void CudaBackend::copy_rows_batch(const std::vector<RowCopy>& copies) {
     for (int64_t at = 0; at < bytes; at += kCopyPieceBytes)
       pieces.push_back({d + at, s + at, std::min(kCopyPieceBytes, bytes - at)});
   }
+  if (pieces.empty()) return;
+  const cuda::Scratch dev = cuda::upload(pieces);
   constexpr size_t kMaxGrid = 65535;
   for (size_t p0 = 0; p0 < pieces.size(); p0 += kMaxGrid) {
-    const std::vector<CopyPiece> part(pieces.begin() + p0, pieces.begin() + std::min(pieces.size(), p0 + kMaxGrid));
-    cuda::Scratch dev = cuda::upload(part);
-    copy_pieces_kernel<<<static_cast<unsigned>(part.size()), kCopyThreads>>>(dev.as<CopyPiece>());
+    const auto n = static_cast<unsigned>(std::min(kMaxGrid, pieces.size() - p0));
+    copy_pieces_kernel<<<n, kCopyThreads>>>(dev.as<CopyPiece>() + p0);
     DI_CUDA_LAUNCH_CHECK();
   }
 }

@@ -72,29 +72,26 @@ __device__ __forceinline__ float sum_dot_chains(const float* c, float tail) {
                    tail);
 }
 
-// cpu::sum_squares(x, n) bit for bit, computed by a CTA of 128 or 256 threads: thread t runs chains
-// t + kThreads c (element i belongs to chain i % 256), its loads 32 at a time, then the same pairwise
-// tree -- in registers while a thread holds both halves, then shared memory down to 32 partials, then
-// shuffles. Every thread gets the result; call from every thread of the CTA, once. With cpu::dot's 8
-// chains this was a chain of n / 8 dependent adds (~5.6 us at n = 20480).
+// cpu::sum_squares(x, n) bit for bit, computed by a CTA of 256 threads: thread t runs chain t (the
+// elements i = t mod 256, loads 32 at a time), then the same pairwise tree -- shared memory down to
+// 32 partials, then shuffles. Every thread gets the result; call from every thread of the CTA, once.
+// With cpu::dot's 8 chains this was a chain of n / 8 dependent adds (~5.6 us at n = 20480).
 template <int kThreads>
 __device__ __forceinline__ float block_sum_squares_exact(const float* __restrict__ x, int64_t n) {
-  constexpr int kChains = 256, kPer = kChains / kThreads, kBatch = 32;
-  static_assert((kThreads == 128 || kThreads == 256) && kBatch % kPer == 0, "chains of cpu::sum_squares");
+  static_assert(kThreads == 256, "one thread per chain of cpu::sum_squares");
+  constexpr int kBatch = 32;
   __shared__ float part[kThreads];
   __shared__ float total;
-  float s[kPer] = {};
+  float s = 0.0f;
   for (int64_t i0 = threadIdx.x; i0 < n; i0 += kBatch * kThreads) {
     float v[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) v[k] = i0 + k * kThreads < n ? x[i0 + k * kThreads] : 0.0f;
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k)  // element i0 + k kThreads is in chain threadIdx.x + kThreads (k % kPer)
-      if (i0 + k * kThreads < n) s[k % kPer] = __fadd_rn(s[k % kPer], __fmul_rn(v[k], v[k]));
+    for (int k = 0; k < kBatch; ++k)
+      if (i0 + k * kThreads < n) s = __fadd_rn(s, __fmul_rn(v[k], v[k]));
   }
-  float p = s[0];
-  if constexpr (kPer == 2) p = __fadd_rn(s[0], s[1]);  // tree level h = 128 within the thread
-  part[threadIdx.x] = p;
+  part[threadIdx.x] = s;
   __syncthreads();
 #pragma unroll
   for (int h = kThreads / 2; h >= 32; h /= 2) {

@@ -81,9 +81,9 @@ inline constexpr float kFp4CodeScale = 64.0f;  // the activation scales of MXFP4
 // The E8M0 scale in byte b of a packed word (b is a constant after unrolling), as a float: byte << 23,
 // a shift and a mask instead of the byte extraction and the two compare-selects of e8m0_to_float (the
 // MXFP4 tile converts four scales per K block, and ncu found the grouped MoE kernel bound by its
-// integer pipe; dropping the max for byte 0 cut its time at batch 64 by ~5%: bench/RESULTS.md). Byte 0 (2^-127)
-// reads as 0 -- its block's values are below 6 x 2^-127, flushed as an FTZ product would be -- and
-// byte 0xFF (NaN in E8M0) as +inf: the output is non-finite either way.
+// integer pipe; dropping the max for byte 0 cut its time at batch 64 by ~5%: bench/RESULTS.md).
+// Byte 0 (2^-127) reads as 0 -- its block's values are below 6 x 2^-127, flushed as an FTZ product
+// would be -- and byte 0xFF (NaN in E8M0) as +inf: the output is non-finite either way.
 __device__ __forceinline__ float e8m0_byte_to_float(uint32_t w, int b) {
   return __uint_as_float((b < 3 ? w << (23 - 8 * b) : w >> 1) & 0x7f800000u);
 }
