@@ -242,7 +242,8 @@ TEST_F(AttentionOps, SparseAttention) {
                                                  {5, 1, 64, 50, 100},   // one warp per block
                                                  {2, 64, 512, 2000, 2048},  // list split over 32 CTAs, merged
                                                  {3, 32, 48, 100, 130},     // tensor cores: half a head tile, dh 48
-                                                 {2, 80, 64, 100, 100}})    // two head tiles (64 + 16)
+                                                 {2, 80, 64, 100, 100},     // two head tiles (64 + 16)
+                                                 {3, 16, 272, 150, 160}})   // scores staged in 256 + 16 columns
     check_sparse_attention(*this, r, c);
 }
 

@@ -30,6 +30,7 @@ constexpr int kHeadTile = 64;  // heads per CTA
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kPad = 8;        // bf16 padding per staged row: fragment loads hit 32 distinct banks
 constexpr int kPStride = kBlock + kPad;
+constexpr int kScoreCols = 256;  // dh columns the scores kernel stages at a time
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 __device__ __forceinline__ uint32_t lds32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
@@ -46,19 +47,22 @@ __device__ __forceinline__ void ldmatrix_b_trans(const __nv_bfloat16* row_ptr, u
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr));
 }
 
-// Block `blk` of row r's list: ids[j] (-1 past the list, for -1 and for out-of-range ids), then the
-// key rows as bf16 into tile [64][dh + kPad] (zeros for -1), 8 elements per thread step.
+// Block `blk` of row r's list: ids[j] (-1 past the list, for -1 and for out-of-range ids; staged
+// when stage_ids), then columns [col0, col0 + cols) of the key rows as bf16 into tile [64][st]
+// (zeros for -1), 8 elements per thread step.
 __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx, int64_t r, int64_t len, int64_t blk,
-                           int dh, int32_t* ids, __nv_bfloat16* tile) {
-  for (int j = threadIdx.x; j < kBlock; j += kThreads) {
-    const int64_t pos = blk * kBlock + j;
-    const int32_t id = pos < len ? idx[r * len + pos] : -1;
-    ids[j] = id >= 0 && id < keys.n_kv + keys.n_more ? id : -1;
+                           int dh, int col0, int cols, int st, bool stage_ids, int32_t* ids, __nv_bfloat16* tile) {
+  if (stage_ids) {
+    for (int j = threadIdx.x; j < kBlock; j += kThreads) {
+      const int64_t pos = blk * kBlock + j;
+      const int32_t id = pos < len ? idx[r * len + pos] : -1;
+      ids[j] = id >= 0 && id < keys.n_kv + keys.n_more ? id : -1;
+    }
+    __syncthreads();
   }
-  __syncthreads();
-  const int chunks = dh / 8, st = dh + kPad;
+  const int chunks = cols / 8;
   for (int e = threadIdx.x; e < kBlock * chunks; e += kThreads) {
-    const int j = e / chunks, c = e % chunks, id = ids[j];
+    const int j = e / chunks, tc = e % chunks, c = col0 / 8 + tc, id = ids[j];
     float v[8];
     if (id < 0) {
 #pragma unroll
@@ -99,46 +103,53 @@ __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx
         for (int i = 0; i < 8; ++i) v[i] = packed_at(row, keys.fmt, dh, 8 * c + i);
       }
     }
-    *reinterpret_cast<uint4*>(tile + j * st + 8 * c) =
+    *reinterpret_cast<uint4*>(tile + j * st + 8 * tc) =
         make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
   }
 }
 
 // Kernel 1, grid (rows, head tiles, blocks). Warp w: heads 16 (w % 4) .. +16 of the tile, keys
-// 32 (w / 4) .. +32 of the block (four n8 tiles), K = dh in steps of 16.
+// 32 (w / 4) .. +32 of the block (four n8 tiles), K = dh in steps of 16. dh is staged kScoreCols
+// columns at a time (queries and keys), so the CTA holds 68 KB of shared memory instead of 133 and
+// three CTAs fit an SM; the K steps still run in order, so the sums are the same.
 __global__ void __launch_bounds__(kThreads)
     attn_scores_kernel(const float* __restrict__ q, AttnKeys keys, const int32_t* __restrict__ idx, int64_t len,
                        int heads, int dh, float scale, float* __restrict__ scores, float* __restrict__ blk_max) {
   extern __shared__ uint4 smem_u4[];
-  __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem_u4);  // [64 keys][dh + kPad]
-  const int st = dh + kPad;
-  __nv_bfloat16* qs = ks + kBlock * st;                            // [64 heads][dh + kPad]
+  const int st = min(dh, kScoreCols) + kPad;
+  __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem_u4);  // [64 keys][st]
+  __nv_bfloat16* qs = ks + kBlock * st;                            // [64 heads][st]
   __shared__ int32_t ids[kBlock];
   __shared__ float red[2][kHeadTile];
   const int64_t r = blockIdx.x, blk = blockIdx.z, nblk = gridDim.z;
   const int h0 = blockIdx.y * kHeadTile, hn = min(kHeadTile, heads - h0);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, qd = lane % 4;
-  // the row's queries as bf16
-  const int chunks = dh / 8;
-  for (int e = threadIdx.x; e < hn * chunks; e += kThreads) {
-    const int h = e / chunks, c = e % chunks;
-    const float4* p = reinterpret_cast<const float4*>(q + (r * heads + h0 + h) * dh + 8 * c);
-    const float4 a = __ldg(p), b = __ldg(p + 1);
-    *reinterpret_cast<uint4*>(qs + h * st + 8 * c) =
-        make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
-  }
-  stage_keys(keys, idx, r, len, blk, dh, ids, ks);
-  __syncthreads();
   const int mt = warp % 4, nh = warp / 4;
   const bool active = 16 * mt < hn;
   float acc[4][4] = {};
-  if (active) {
-    const __nv_bfloat16* qa = qs + (16 * mt + g) * st + 2 * qd;
-    const __nv_bfloat16* kb = ks + (32 * nh + g) * st + 2 * qd;
-    for (int k0 = 0; k0 < dh; k0 += 16) {
-      const uint32_t a[4] = {lds32(qa + k0), lds32(qa + 8 * st + k0), lds32(qa + k0 + 8), lds32(qa + 8 * st + k0 + 8)};
+  for (int col0 = 0; col0 < dh; col0 += kScoreCols) {
+    const int cols = min(kScoreCols, dh - col0), chunks = cols / 8;
+    if (col0 > 0) __syncthreads();  // the previous columns' MMAs are done with the tiles
+    // the row's queries as bf16
+    for (int e = threadIdx.x; e < hn * chunks; e += kThreads) {
+      const int h = e / chunks, c = e % chunks;
+      const float4* p = reinterpret_cast<const float4*>(q + (r * heads + h0 + h) * dh + col0 + 8 * c);
+      const float4 a = __ldg(p), b = __ldg(p + 1);
+      *reinterpret_cast<uint4*>(qs + h * st + 8 * c) =
+          make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+    }
+    stage_keys(keys, idx, r, len, blk, dh, col0, cols, st, col0 == 0, ids, ks);
+    __syncthreads();
+    if (active) {
+      const __nv_bfloat16* qa = qs + (16 * mt + g) * st + 2 * qd;
+      const __nv_bfloat16* kb = ks + (32 * nh + g) * st + 2 * qd;
+      for (int k0 = 0; k0 < cols; k0 += 16) {
+        const uint32_t a[4] = {lds32(qa + k0), lds32(qa + 8 * st + k0), lds32(qa + k0 + 8),
+                               lds32(qa + 8 * st + k0 + 8)};
 #pragma unroll
-      for (int t = 0; t < 4; ++t) mma::mma_bf16(acc[t], a, lds32(kb + 8 * t * st + k0), lds32(kb + 8 * t * st + k0 + 8));
+        for (int t = 0; t < 4; ++t)
+          mma::mma_bf16(acc[t], a, lds32(kb + 8 * t * st + k0), lds32(kb + 8 * t * st + k0 + 8));
+      }
     }
   }
   // scale, -inf for missing keys, to the score buffer [rows, heads, nblk * 64]; block maxima
@@ -195,7 +206,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     run_max[threadIdx.x] = m;
   }
-  stage_keys(keys, idx, r, len, blk, dh, ids, vs);  // its first barrier publishes run_max
+  stage_keys(keys, idx, r, len, blk, dh, 0, dh, st, true, ids, vs);  // its first barrier publishes run_max
   {  // probabilities: thread (head t / 4, keys 16 (t % 4) .. +16)
     const int h = threadIdx.x / 4, c = threadIdx.x % 4;
     float l = 0.0f;
@@ -319,7 +330,8 @@ void sparse_attention_mma(int64_t s, int heads, int dh, const float* q, const At
   const int64_t nblk = (len + kBlock - 1) / kBlock;
   const int head_tiles = (heads + kHeadTile - 1) / kHeadTile;
   const size_t st_bytes = static_cast<size_t>(dh + kPad) * 2;
-  const size_t smem_scores = 2 * kBlock * st_bytes, smem_values = kBlock * st_bytes + kHeadTile * kPStride * 2;
+  const size_t smem_scores = 2 * kBlock * static_cast<size_t>(std::min(dh, kScoreCols) + kPad) * 2;
+  const size_t smem_values = kBlock * st_bytes + kHeadTile * kPStride * 2;
   static const bool attr_set = [] {
     const size_t most = 2 * kBlock * static_cast<size_t>(512 + kPad) * 2;
     DI_CUDA_CHECK(cudaFuncSetAttribute(attn_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
