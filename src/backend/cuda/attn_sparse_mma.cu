@@ -30,7 +30,7 @@ constexpr int kHeadTile = 64;  // heads per CTA
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kPad = 8;        // bf16 padding per staged row: fragment loads hit 32 distinct banks
 constexpr int kPStride = kBlock + kPad;
-constexpr int kScoreCols = 256;  // dh columns the scores kernel stages at a time
+constexpr int kScoreCols = 256;  // dh columns the scores and values kernels stage at a time
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 __device__ __forceinline__ uint32_t lds32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
@@ -180,13 +180,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Kernel 2, grid (rows, head tiles, blocks): part[r, h, blk] = (sum_j bf16(p_j) v_j [dh], m, l).
-// PV: warp w computes heads 16 (w % 4) .. +16 over dims [(w / 4) dh / 2, +dh / 2), 64 at a time.
+// The values are staged kScoreCols dims at a time (43 KB of shared memory instead of 76); PV: warp w
+// computes heads 16 (w % 4) .. +16 over the staged dims' half w / 4, 64 at a time.
 __global__ void __launch_bounds__(kThreads)
     attn_values_kernel(AttnKeys keys, const int32_t* __restrict__ idx, int64_t len, int heads, int dh,
                        const float* __restrict__ scores, const float* __restrict__ blk_max, float* __restrict__ part) {
   extern __shared__ uint4 smem_u4[];
-  __nv_bfloat16* vs = reinterpret_cast<__nv_bfloat16*>(smem_u4);  // [64 keys][dh + kPad]
-  const int st = dh + kPad;
+  const int st = min(dh, kScoreCols) + kPad;
+  __nv_bfloat16* vs = reinterpret_cast<__nv_bfloat16*>(smem_u4);  // [64 keys][st]
   __nv_bfloat16* ps = vs + kBlock * st;                            // [64 heads][64 + kPad] probabilities
   __shared__ int32_t ids[kBlock];
   __shared__ float run_max[kHeadTile], lpart[4][kHeadTile];
@@ -206,7 +207,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     run_max[threadIdx.x] = m;
   }
-  stage_keys(keys, idx, r, len, blk, dh, 0, dh, st, true, ids, vs);  // its first barrier publishes run_max
+  // the first dims; its first barrier publishes run_max
+  stage_keys(keys, idx, r, len, blk, dh, 0, min(dh, kScoreCols), st, true, ids, vs);
   {  // probabilities: thread (head t / 4, keys 16 (t % 4) .. +16)
     const int h = threadIdx.x / 4, c = threadIdx.x % 4;
     float l = 0.0f;
@@ -237,40 +239,51 @@ __global__ void __launch_bounds__(kThreads)
     pp[dh + 1] = ((lpart[0][threadIdx.x] + lpart[1][threadIdx.x]) + lpart[2][threadIdx.x]) + lpart[3][threadIdx.x];
   }
   const int mt = warp % 4;
-  if (16 * mt >= hn) return;
-  uint32_t a[4][4];  // P fragments for the 4 k16 steps of the block's 64 keys
-  const __nv_bfloat16* pa = ps + (16 * mt + g) * kPStride + 2 * qd;
+  const bool active = 16 * mt < hn;
+  uint32_t a[4][4] = {};  // P fragments for the 4 k16 steps of the block's 64 keys
+  if (active) {
+    const __nv_bfloat16* pa = ps + (16 * mt + g) * kPStride + 2 * qd;
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    a[ks][0] = lds32(pa + 16 * ks);
-    a[ks][1] = lds32(pa + 8 * kPStride + 16 * ks);
-    a[ks][2] = lds32(pa + 16 * ks + 8);
-    a[ks][3] = lds32(pa + 8 * kPStride + 16 * ks + 8);
-  }
-  const int d_begin = (warp / 4) * (dh / 2), d_end = d_begin + dh / 2;
-  const __nv_bfloat16* vrow = vs + (lane % 16) * st;  // ldmatrix row address of this lane (k = lane % 16)
-  for (int d0 = d_begin; d0 < d_end; d0 += 64) {
-    const int tiles = min(8, (d_end - d0) / 8);
-    float acc[8][4] = {};
-#pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      if (t >= tiles) break;
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        uint32_t b0, b1;
-        ldmatrix_b_trans(vrow + 16 * ks * st + d0 + 8 * t, b0, b1);
-        mma::mma_bf16(acc[t], a[ks], b0, b1);
-      }
+    for (int ks = 0; ks < 4; ++ks) {
+      a[ks][0] = lds32(pa + 16 * ks);
+      a[ks][1] = lds32(pa + 8 * kPStride + 16 * ks);
+      a[ks][2] = lds32(pa + 16 * ks + 8);
+      a[ks][3] = lds32(pa + 8 * kPStride + 16 * ks + 8);
     }
+  }
+  const __nv_bfloat16* vrow = vs + (lane % 16) * st;  // ldmatrix row address of this lane (k = lane % 16)
+  for (int col0 = 0; col0 < dh; col0 += kScoreCols) {
+    const int cols = min(kScoreCols, dh - col0);
+    if (col0 > 0) {
+      __syncthreads();  // the previous dims' MMAs are done with the tile
+      stage_keys(keys, idx, r, len, blk, dh, col0, cols, st, false, ids, vs);
+      __syncthreads();
+    }
+    if (!active) continue;
+    const int d_begin = (warp / 4) * (cols / 2), d_end = d_begin + cols / 2;  // dims of the staged slice
+    for (int d0 = d_begin; d0 < d_end; d0 += 64) {
+      const int tiles = min(8, (d_end - d0) / 8);
+      float acc[8][4] = {};
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      if (t >= tiles) break;
-      const int d = d0 + 8 * t + 2 * qd;
+      for (int t = 0; t < 8; ++t) {
+        if (t >= tiles) break;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int h = h0 + 16 * mt + g + 8 * half;
-        *reinterpret_cast<float2*>(part + ((r * heads + h) * nblk + blk) * (dh + 2) + d) =
-            make_float2(acc[t][2 * half], acc[t][2 * half + 1]);
+        for (int ks = 0; ks < 4; ++ks) {
+          uint32_t b0, b1;
+          ldmatrix_b_trans(vrow + 16 * ks * st + d0 + 8 * t, b0, b1);
+          mma::mma_bf16(acc[t], a[ks], b0, b1);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        if (t >= tiles) break;
+        const int d = col0 + d0 + 8 * t + 2 * qd;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int h = h0 + 16 * mt + g + 8 * half;
+          *reinterpret_cast<float2*>(part + ((r * heads + h) * nblk + blk) * (dh + 2) + d) =
+              make_float2(acc[t][2 * half], acc[t][2 * half + 1]);
+        }
       }
     }
   }
@@ -329,11 +342,10 @@ void sparse_attention_mma(int64_t s, int heads, int dh, const float* q, const At
   DI_CHECK(sparse_attention_mma_fits(q, heads, dh, keys, len));
   const int64_t nblk = (len + kBlock - 1) / kBlock;
   const int head_tiles = (heads + kHeadTile - 1) / kHeadTile;
-  const size_t st_bytes = static_cast<size_t>(dh + kPad) * 2;
-  const size_t smem_scores = 2 * kBlock * static_cast<size_t>(std::min(dh, kScoreCols) + kPad) * 2;
-  const size_t smem_values = kBlock * st_bytes + kHeadTile * kPStride * 2;
+  const size_t tile_bytes = kBlock * static_cast<size_t>(std::min(dh, kScoreCols) + kPad) * 2;  // one staged slice
+  const size_t smem_scores = 2 * tile_bytes, smem_values = tile_bytes + kHeadTile * kPStride * 2;
   static const bool attr_set = [] {
-    const size_t most = 2 * kBlock * static_cast<size_t>(512 + kPad) * 2;
+    const size_t most = 2 * kBlock * static_cast<size_t>(kScoreCols + kPad) * 2;
     DI_CUDA_CHECK(cudaFuncSetAttribute(attn_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
     DI_CUDA_CHECK(cudaFuncSetAttribute(attn_values_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
     return true;
