@@ -148,6 +148,13 @@ class Backend {
   // sequences' keys in one tensor) row s scores keys key_offsets[s] + t, T = max(visible).
   virtual Tensor index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
                               const std::vector<int64_t>& visible, const std::vector<int64_t>& key_offsets) = 0;
+  // The same over keys packed in a cache (the page pool's index keys): key j is cache row slots[j]
+  // (slots: I32 [n] on this backend), dequantized as unpack_rows does -- the same scores as
+  // index_scores(q, heads, unpack_rows(cache, format, q.row_size() / heads, slots), ...) without the
+  // unpacked copy (fp32 keys are 7.5x the packed FP4 rows).
+  virtual Tensor index_scores_packed(const Tensor& q, int heads, const Tensor& cache, RowFormat format,
+                                     const Tensor& slots, const Tensor& w, const std::vector<int64_t>& visible,
+                                     const std::vector<int64_t>& key_offsets) = 0;
   // Two-level selection, level one: block score = max of block_size positions, the query's newest
   // block pinned, keep the top `topk_blocks` finite blocks; scores outside them -> -inf in
   // `restrict_scores` (when given). Returns the mask [S, T] U8.

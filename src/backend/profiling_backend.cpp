@@ -314,6 +314,19 @@ Tensor ProfilingBackend::index_scores(const Tensor& q, int heads, const Tensor& 
                      [&] { return inner_.index_scores(q, heads, keys, w, visible, key_offsets); }));
 }
 
+Tensor ProfilingBackend::index_scores_packed(const Tensor& q, int heads, const Tensor& cache, RowFormat format,
+                                             const Tensor& slots, const Tensor& w, const std::vector<int64_t>& visible,
+                                             const std::vector<int64_t>& key_offsets) {
+  const double s = static_cast<double>(q.rows());
+  const double t = key_offsets.empty() ? static_cast<double>(slots.numel()) : static_cast<double>(index_width(visible));
+  const double key_bytes = static_cast<double>(slots.numel()) * (4.0 + static_cast<double>(cache.row_size()));
+  const double bytes = tensor_bytes(q) + key_bytes + tensor_bytes(w) + 4.0 * s * t;
+  const double flops = 2.0 * s * t * static_cast<double>(q.row_size());
+  return track(timed("index_scores", bytes, flops, false, [&] {
+    return inner_.index_scores_packed(q, heads, cache, format, slots, w, visible, key_offsets);
+  }));
+}
+
 Tensor ProfilingBackend::select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks,
                                            int block_size, TieBreak ties) {
   const double bytes = tensor_bytes(scores) * 1.25;  // read f32 scores, write a U8 mask

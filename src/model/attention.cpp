@@ -361,18 +361,22 @@ Tensor Model::compressed_branch_batch(int layer, const AttnRows& r, Batch& batch
     idx = be.alloc(TType::kI32, {batch.q_rows, 0});
   } else {
     Batch::IndexKeys& ik = batch.index_keys[ls.kv_source];
-    if (ik.keys.empty()) {  // every part's keys, one unpack
-      std::vector<int64_t> slots;
+    const Tensor& pool_keys = kv_pool_->index_keys(ls.kv_source);
+    if (ik.slots.empty()) {  // every part's key rows in the pool, one upload; the keys stay packed
+      std::vector<int32_t> slots;
       ik.offsets.assign(static_cast<size_t>(batch.q_rows), 0);
       for (const BatchPart& p : batch.parts) {
         const int64_t compress_len = (p.start + p.n) / ratio;
         std::fill_n(ik.offsets.begin() + p.q.row0, p.q.rows, static_cast<int64_t>(slots.size()));
-        const std::vector<int64_t> s = global_slots(*p.state, ls.kv_source, 0, compress_len);
-        slots.insert(slots.end(), s.begin(), s.end());
+        for (int64_t s : global_slots(*p.state, ls.kv_source, 0, compress_len)) {
+          DI_CHECK(s >= 0 && s < pool_keys.rows());
+          slots.push_back(static_cast<int32_t>(s));
+        }
       }
-      ik.keys = be.unpack_rows(kv_pool_->index_keys(ls.kv_source), RowFormat::kFp4Ue8m0, cfg_.index_head_dim, slots);
+      ik.slots = be.from_host_i32(slots, {static_cast<int64_t>(slots.size())});
     }
-    Tensor scores = be.index_scores(r.qi, cfg_.index_n_heads, ik.keys, r.wts, visible, ik.offsets);  // [q rows, T]
+    Tensor scores = be.index_scores_packed(r.qi, cfg_.index_n_heads, pool_keys, RowFormat::kFp4Ue8m0, ik.slots, r.wts,
+                                           visible, ik.offsets);  // [q rows, T]
     if (ls.is_candidate_source) {
       batch.candidates = be.select_candidates(scores, visible, cfg_.candidate_topk_blocks, cfg_.candidate_block_size,
                                               TieBreak::kLowestIndex);

@@ -65,12 +65,12 @@ struct Model::Batch {
   int64_t ring_rows = 0;
   WindowLists window;
   // The batched indexer's state (Model::compressed_branch_batch), as ForwardScratch per part: the
-  // top-k lists of every query row per index source, the candidate mask, and per KV source the
-  // unpacked index keys of every part with each query row's first key.
+  // top-k lists of every query row per index source, the candidate mask, and per KV source the page
+  // pool rows of every part's index keys with each query row's first key.
   std::map<int, Tensor> topk;
   Tensor candidates;
   struct IndexKeys {
-    Tensor keys;                   // [sum of the parts' compressed rows, ihd]
+    Tensor slots;                  // [sum of the parts' compressed rows] I32: pool rows of the packed keys
     std::vector<int64_t> offsets;  // [q rows]
   };
   std::map<int, IndexKeys> index_keys;

@@ -92,6 +92,11 @@ class EpBackend final : public Backend {
                       const std::vector<int64_t>& visible, const std::vector<int64_t>& key_offsets) override {
     return inner_.index_scores(q, heads, keys, w, visible, key_offsets);
   }
+  Tensor index_scores_packed(const Tensor& q, int heads, const Tensor& cache, RowFormat format, const Tensor& slots,
+                             const Tensor& w, const std::vector<int64_t>& visible,
+                             const std::vector<int64_t>& key_offsets) override {
+    return inner_.index_scores_packed(q, heads, cache, format, slots, w, visible, key_offsets);
+  }
   Tensor select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks, int block_size,
                            TieBreak ties) override {
     return inner_.select_candidates(scores, visible, topk_blocks, block_size, ties);

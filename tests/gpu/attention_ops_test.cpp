@@ -371,6 +371,55 @@ TEST_F(AttentionOps, IndexScoresWithKeyOffsets) {
   }
 }
 
+// The batched indexer's keys read packed from the page pool by slot (FP4 + UE8M0, 68-byte rows at
+// hd 128: the fused kernel; other shapes and formats unpack first): bit-identical to the CPU, which
+// unpacks and scores.
+TEST_F(AttentionOps, IndexScoresFromPackedPool) {
+  Rng& r = rng();
+  struct Case {
+    int64_t rows;
+    int heads;
+    int64_t hd, keys;
+    RowFormat fmt;
+  };
+  for (const Case& c : std::vector<Case>{{9, 32, 128, 900, RowFormat::kFp4Ue8m0},
+                                         {64, 64, 128, 1500, RowFormat::kFp4Ue8m0},
+                                         {5, 4, 64, 130, RowFormat::kFp4Ue8m0},
+                                         {3, 64, 128, 200, RowFormat::kFp8Ue8m0}}) {
+    SCOPED_TRACE("rows=" + std::to_string(c.rows) + " heads=" + std::to_string(c.heads) + " hd=" + std::to_string(c.hd) +
+                 " keys=" + std::to_string(c.keys) + " format=" + std::to_string(static_cast<int>(c.fmt)) + " " +
+                 seed_note());
+    IndexInputs in = index_inputs(*this, r, c.rows, c.heads, c.hd, c.keys, false);
+    // key j lives in pool row slots[j] of a pool with spare rows, in shuffled order
+    const int64_t pool_rows = c.keys + 37;
+    std::vector<int64_t> perm(static_cast<size_t>(pool_rows));
+    for (int64_t i = 0; i < pool_rows; ++i) perm[i] = i;
+    for (int64_t i = pool_rows - 1; i > 0; --i) std::swap(perm[i], perm[r.uniform_int(0, i)]);
+    const std::vector<int64_t> slots(perm.begin(), perm.begin() + c.keys);
+    const std::vector<int32_t> slots32(slots.begin(), slots.end());
+    std::vector<int64_t> offsets(static_cast<size_t>(c.rows));
+    for (int64_t i = 0; i < c.rows; ++i) {
+      offsets[i] = r.uniform_int(0, c.keys - 1);
+      in.visible[i] = i % 5 == 4 ? 0 : r.uniform_int(1, c.keys - offsets[i]);
+    }
+    std::vector<float> result[2];
+    for (int b = 0; b < 2; ++b) {
+      Backend& be = b == 0 ? *cpu : *gpu;
+      Tensor keys = copy_tensor(be, b == 0 ? in.k_c : in.k_g);
+      be.qdq(keys, c.fmt);
+      Tensor pool = be.zeros(TType::kU8, {pool_rows, packed_row_bytes(c.fmt, c.hd)});
+      be.pack_rows(keys, c.fmt, pool, slots);
+      result[b] = be.to_host_f32(be.index_scores_packed(b == 0 ? in.q_c : in.q_g, c.heads, pool, c.fmt,
+                                                        be.from_host_i32(slots32, {c.keys}), b == 0 ? in.w_c : in.w_g,
+                                                        in.visible, offsets));
+    }
+    ASSERT_EQ(result[1].size(), result[0].size());
+    ASSERT_EQ(static_cast<int64_t>(result[0].size()), c.rows * index_width(in.visible));
+    int64_t first = 0;
+    EXPECT_EQ(bit_mismatches(result[1], result[0], &first), 0) << at_str(result[1], result[0], first);
+  }
+}
+
 // Scores for the selection tests: the CPU's index scores of tie-heavy inputs (identical bits on
 // both backends' inputs), uploaded to each backend.
 struct ScoreRows {

@@ -112,6 +112,14 @@ Tensor CpuBackend::softmax_pool(const Tensor& kv, const Tensor& score, int ratio
   return out;
 }
 
+Tensor CpuBackend::index_scores_packed(const Tensor& q, int heads, const Tensor& cache, RowFormat format,
+                                       const Tensor& slots, const Tensor& w, const std::vector<int64_t>& visible,
+                                       const std::vector<int64_t>& key_offsets) {
+  DI_CHECK(heads > 0 && slots.type == TType::kI32);
+  const std::vector<int64_t> rows(slots.i32(), slots.i32() + slots.numel());
+  return index_scores(q, heads, unpack_rows(cache, format, q.row_size() / heads, rows), w, visible, key_offsets);
+}
+
 Tensor CpuBackend::index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
                                 const std::vector<int64_t>& visible, const std::vector<int64_t>& key_offsets) {
   const int64_t s = q.rows(), hd = keys.row_size();

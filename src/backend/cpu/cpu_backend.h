@@ -51,6 +51,9 @@ class CpuBackend final : public Backend {
   Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) override;
   Tensor index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
                       const std::vector<int64_t>& visible, const std::vector<int64_t>& key_offsets) override;
+  Tensor index_scores_packed(const Tensor& q, int heads, const Tensor& cache, RowFormat format, const Tensor& slots,
+                             const Tensor& w, const std::vector<int64_t>& visible,
+                             const std::vector<int64_t>& key_offsets) override;
   Tensor select_candidates(const Tensor& scores, const std::vector<int64_t>& visible, int topk_blocks,
                            int block_size, TieBreak ties) override;
   void mask_scores(Tensor& scores, const Tensor& keep_mask) override;

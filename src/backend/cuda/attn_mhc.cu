@@ -6,6 +6,7 @@
 #include "backend/cuda/batch_invariance.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace di {
 namespace {
@@ -32,6 +33,7 @@ __device__ __forceinline__ float sigmoid_ref(float x) {
 template <WType T>
 __global__ void hc_mixes_dots_kernel(const float* __restrict__ x, int64_t n, int mix, int64_t chunk, int splits,
                                      const uint8_t* __restrict__ fn, double* __restrict__ part) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t r = blockIdx.y;
   const float* xr = x + r * n;
   const int c = blockIdx.x;
@@ -78,6 +80,7 @@ __global__ void __launch_bounds__(kFinThreads)
     hc_mixes_finish_kernel(const double* __restrict__ part, const float* __restrict__ x, int64_t n, float norm_eps,
                            int splits, int hc, const uint8_t* scale, WType scale_t, const uint8_t* base,
                            WType base_t, int sinkhorn_iters, float hc_eps, float* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   const int mix = (2 + hc) * hc;
   const int64_t r = blockIdx.x;
   const int t = threadIdx.x;
@@ -165,6 +168,7 @@ __global__ void __launch_bounds__(kFinThreads)
 // out[r, i] = bf16(sum_k pre[k] x[r, k, i]): reads hc x D, writes D per row.
 __global__ void hc_pre_kernel(const float* __restrict__ x, const float* __restrict__ mix, int64_t mw, int hc,
                               int64_t d, int64_t total, float* __restrict__ y) {
+  ::di::cuda::grid_dependency_wait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = e / d, i = e % d;
@@ -178,6 +182,7 @@ __global__ void hc_pre_kernel(const float* __restrict__ x, const float* __restri
 // out[r, k, i] = bf16(post[k] y[r, i] + sum_j comb[j, k] res[r, j, i]): reads (hc + 1) x D, writes hc x D.
 __global__ void hc_post_kernel(const float* __restrict__ y, const float* __restrict__ res, const float* __restrict__ mix,
                                int64_t mw, int hc, int64_t d, int64_t total, float* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = e % d, rk = e / d, r = rk / hc;
@@ -192,6 +197,7 @@ __global__ void hc_post_kernel(const float* __restrict__ y, const float* __restr
 
 // out[r, i] = bf16((sum_k x[r, k, i]) / hc).
 __global__ void stream_mean_kernel(const float* __restrict__ x, int hc, int64_t d, int64_t total, float* __restrict__ y) {
+  ::di::cuda::grid_dependency_wait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = e / d, i = e % d;
@@ -238,11 +244,11 @@ Tensor CudaBackend::hc_mixes(const Tensor& x, int hc, const Weight& fn, const We
   auto* dots = fn_t == WType::kBf16  ? hc_mixes_dots_kernel<WType::kBf16>
                : fn_t == WType::kF16 ? hc_mixes_dots_kernel<WType::kF16>
                                      : hc_mixes_dots_kernel<WType::kF32>;
-  dots<<<grid, kDotThreads>>>(x.f32(), n, mix, chunk, splits, cuda::wdata(fn), partials);
+  ::di::cuda::launch(dots, grid, kDotThreads, 0, x.f32(), n, mix, chunk, splits, cuda::wdata(fn), partials);
   DI_CUDA_LAUNCH_CHECK();
-  hc_mixes_finish_kernel<<<static_cast<unsigned>(s), kFinThreads>>>(
-      reinterpret_cast<const double*>(part.f32()), x.f32(), n, norm_eps, splits, hc, cuda::wdata(scale), sc_t,
-      cuda::wdata(base), bs_t, sinkhorn_iters, hc_eps, out.f32());
+  ::di::cuda::launch(hc_mixes_finish_kernel, static_cast<unsigned>(s), kFinThreads, 0,
+                     reinterpret_cast<const double*>(part.f32()), x.f32(), n, norm_eps, splits, hc, cuda::wdata(scale),
+                     sc_t, cuda::wdata(base), bs_t, sinkhorn_iters, hc_eps, out.f32());
   DI_CUDA_LAUNCH_CHECK();
   return out;
 }
@@ -254,7 +260,7 @@ Tensor CudaBackend::hc_pre(const Tensor& x, const Tensor& mix, int hc) {
   Tensor y = alloc(TType::kF32, {s, d});
   const int64_t total = s * d;
   if (total == 0) return y;
-  hc_pre_kernel<<<elem_blocks(total), kElemThreads>>>(x.f32(), mix.f32(), mw, hc, d, total, y.f32());
+  ::di::cuda::launch(hc_pre_kernel, elem_blocks(total), kElemThreads, 0, x.f32(), mix.f32(), mw, hc, d, total, y.f32());
   DI_CUDA_LAUNCH_CHECK();
   return y;
 }
@@ -266,7 +272,8 @@ Tensor CudaBackend::hc_post(const Tensor& y, const Tensor& residual, const Tenso
   Tensor out = alloc(TType::kF32, {s, hc * d});
   const int64_t total = s * hc * d;
   if (total == 0) return out;
-  hc_post_kernel<<<elem_blocks(total), kElemThreads>>>(y.f32(), residual.f32(), mix.f32(), mw, hc, d, total, out.f32());
+  ::di::cuda::launch(hc_post_kernel, elem_blocks(total), kElemThreads, 0, y.f32(), residual.f32(), mix.f32(), mw, hc, d,
+                     total, out.f32());
   DI_CUDA_LAUNCH_CHECK();
   return out;
 }
@@ -278,7 +285,7 @@ Tensor CudaBackend::stream_mean(const Tensor& x, int hc) {
   Tensor y = alloc(TType::kF32, {s, d});
   const int64_t total = s * d;
   if (total == 0) return y;
-  stream_mean_kernel<<<elem_blocks(total), kElemThreads>>>(x.f32(), hc, d, total, y.f32());
+  ::di::cuda::launch(stream_mean_kernel, elem_blocks(total), kElemThreads, 0, x.f32(), hc, d, total, y.f32());
   DI_CUDA_LAUNCH_CHECK();
   return y;
 }

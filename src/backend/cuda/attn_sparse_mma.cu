@@ -21,6 +21,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/mma_gemm.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace di::cuda::attn {
 namespace {
@@ -115,6 +116,7 @@ __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx
 __global__ void __launch_bounds__(kThreads)
     attn_scores_kernel(const float* __restrict__ q, AttnKeys keys, const int32_t* __restrict__ idx, int64_t len,
                        int heads, int dh, float scale, float* __restrict__ scores, float* __restrict__ blk_max) {
+  ::di::cuda::grid_dependency_wait();
   extern __shared__ uint4 smem_u4[];
   const int st = min(dh, kScoreCols) + kPad;
   __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem_u4);  // [64 keys][st]
@@ -185,6 +187,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     attn_values_kernel(AttnKeys keys, const int32_t* __restrict__ idx, int64_t len, int heads, int dh,
                        const float* __restrict__ scores, const float* __restrict__ blk_max, float* __restrict__ part) {
+  ::di::cuda::grid_dependency_wait();
   extern __shared__ uint4 smem_u4[];
   const int st = min(dh, kScoreCols) + kPad;
   __nv_bfloat16* vs = reinterpret_cast<__nv_bfloat16*>(smem_u4);  // [64 keys][st]
@@ -292,6 +295,7 @@ __global__ void __launch_bounds__(kThreads)
 // One CTA per (row, head); shared memory: the splits' m and weights e^(m_z - M).
 __global__ void combine_splits_kernel(const float* __restrict__ part, int splits, int heads, int dh,
                                       const uint8_t* sink, WType sink_t, float* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   extern __shared__ float wz[];  // [splits]
   __shared__ float shared_max, shared_total;
   const int64_t rh = blockIdx.x;
@@ -361,11 +365,11 @@ void sparse_attention_mma(int64_t s, int heads, int dh, const float* q, const At
   for (int64_t r0 = 0; r0 < s; r0 += rows_per_launch) {
     const int64_t rows = std::min(rows_per_launch, s - r0);
     const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(head_tiles), static_cast<unsigned>(nblk));
-    attn_scores_kernel<<<grid, kThreads, smem_scores>>>(q + r0 * heads * dh, keys, idx + r0 * len, len, heads, dh, scale,
-                                                        scores.f32(), bmax.f32());
+    ::di::cuda::launch(attn_scores_kernel, grid, kThreads, smem_scores, q + r0 * heads * dh, keys, idx + r0 * len, len,
+                       heads, dh, scale, scores.f32(), bmax.f32());
     DI_CUDA_LAUNCH_CHECK();
-    attn_values_kernel<<<grid, kThreads, smem_values>>>(keys, idx + r0 * len, len, heads, dh, scores.f32(), bmax.f32(),
-                                                        part.f32());
+    ::di::cuda::launch(attn_values_kernel, grid, kThreads, smem_values, keys, idx + r0 * len, len, heads, dh,
+                       scores.f32(), bmax.f32(), part.f32());
     DI_CUDA_LAUNCH_CHECK();
     combine_splits(part.f32(), static_cast<int>(nblk), rows, heads, dh, sink, sink_t, out + r0 * heads * dh);
   }
@@ -375,8 +379,8 @@ void combine_splits(const float* part, int splits, int64_t rows, int heads, int 
                     float* out) {
   if (rows * heads == 0) return;
   DI_CHECK_MSG(rows * heads < (1LL << 31) && splits <= 8192, "sparse_attention: too many rows or list splits");
-  combine_splits_kernel<<<static_cast<unsigned>(rows * heads), 128, static_cast<size_t>(splits) * 4>>>(
-      part, splits, heads, dh, sink, sink_t, out);
+  ::di::cuda::launch(combine_splits_kernel, static_cast<unsigned>(rows * heads), 128, static_cast<size_t>(splits) * 4,
+                     part, splits, heads, dh, sink, sink_t, out);
   DI_CUDA_LAUNCH_CHECK();
 }
 

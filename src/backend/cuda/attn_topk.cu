@@ -14,6 +14,7 @@
 
 #include "backend/cuda/attn_common.cuh"
 #include "backend/cuda/attn_topk.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 #include "backend/cuda/torch_select.h"
 
 namespace di::cuda::attn {
@@ -128,6 +129,7 @@ __global__ void __launch_bounds__(kSelThreads) select_chunk_kernel(
     const float* __restrict__ values, int64_t stride, int64_t row0, const int64_t* __restrict__ n_rows,
     const int64_t* __restrict__ k_rows, int64_t chunk, int64_t n_chunks, int64_t kmax, uint32_t* __restrict__ cand_u,
     int32_t* __restrict__ cand_i, int64_t out_k, int32_t offset, int32_t* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   __shared__ SelectShared sh;
   const int64_t rb = blockIdx.y, r = row0 + rb, c = blockIdx.x;
   const int64_t n = n_rows[r], k = k_rows[r], base = c * chunk;
@@ -156,6 +158,7 @@ __global__ void __launch_bounds__(kSelThreads) select_candidates_kernel(
     int64_t row0, const int64_t* __restrict__ n_rows, const int64_t* __restrict__ k_rows, int64_t chunk,
     int64_t n_chunks, int64_t kmax, const uint32_t* __restrict__ cand_u, const int32_t* __restrict__ cand_i,
     int64_t out_k, int32_t offset, int32_t* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   __shared__ SelectShared sh;
   const int64_t rb = blockIdx.x, r = row0 + rb;
   const int64_t n = n_rows[r], k = k_rows[r];
@@ -176,6 +179,7 @@ __global__ void __launch_bounds__(kSelThreads) select_candidates_kernel(
 __global__ void __launch_bounds__(32) torch_select_kernel(const float* __restrict__ values, int64_t stride, int64_t n,
                                                           int64_t k, int64_t row0, torch_select::Pair* scratch,
                                                           int32_t* __restrict__ sel) {
+  ::di::cuda::grid_dependency_wait();
   using torch_select::Pair;
   const int64_t r = row0 + blockIdx.x;
   const int lane = threadIdx.x;
@@ -218,6 +222,7 @@ __global__ void __launch_bounds__(32) torch_select_kernel(const float* __restric
 // One block per row: rank of each selected index among the row's k (distinct) indices.
 __global__ void sorted_selection_kernel(const int32_t* __restrict__ sel, int64_t k, const int64_t* __restrict__ visible,
                                         int32_t offset, int32_t* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t r = blockIdx.x;
   const int32_t* s = sel + r * k;
   for (int64_t i = threadIdx.x; i < k; i += blockDim.x) {
@@ -238,8 +243,8 @@ void topk_torch(const float* values, int64_t rows, int64_t stride, int64_t n, in
   Scratch scratch(static_cast<size_t>(batch * per_row));
   for (int64_t row0 = 0; row0 < rows; row0 += batch) {
     const int64_t nb = std::min(batch, rows - row0);
-    torch_select_kernel<<<static_cast<unsigned>(nb), 32>>>(values, stride, n, k, row0,
-                                                           scratch.as<torch_select::Pair>(), sel);
+    ::di::cuda::launch(torch_select_kernel, static_cast<unsigned>(nb), 32, 0, values, stride, n, k, row0,
+                       scratch.as<torch_select::Pair>(), sel);
     DI_CUDA_LAUNCH_CHECK();
   }
 }
@@ -248,7 +253,7 @@ void sorted_selection(const int32_t* sel, int64_t rows, int64_t k, const int64_t
                       int32_t* out) {
   if (rows == 0 || k == 0) return;
   DI_CHECK(rows <= 0x7fffffff);
-  sorted_selection_kernel<<<static_cast<unsigned>(rows), 256>>>(sel, k, visible, offset, out);
+  ::di::cuda::launch(sorted_selection_kernel, static_cast<unsigned>(rows), 256, 0, sel, k, visible, offset, out);
   DI_CUDA_LAUNCH_CHECK();
 }
 
@@ -279,14 +284,14 @@ void topk_lowest_index(const float* values, int64_t rows, int64_t stride, const 
   }
   for (int64_t row0 = 0; row0 < rows; row0 += batch_rows) {
     const int64_t nb = std::min(batch_rows, rows - row0);
-    select_chunk_kernel<<<dim3(static_cast<unsigned>(n_chunks), static_cast<unsigned>(nb)), kSelThreads>>>(
-        values, stride, row0, n_dev.as<int64_t>(), k_dev.as<int64_t>(), chunk, n_chunks, kmax, cu.as<uint32_t>(),
-        ci.as<int32_t>(), out_k, offset, out);
+    ::di::cuda::launch(select_chunk_kernel, dim3(static_cast<unsigned>(n_chunks), static_cast<unsigned>(nb)),
+                       kSelThreads, 0, values, stride, row0, n_dev.as<int64_t>(), k_dev.as<int64_t>(), chunk, n_chunks,
+                       kmax, cu.as<uint32_t>(), ci.as<int32_t>(), out_k, offset, out);
     DI_CUDA_LAUNCH_CHECK();
     if (n_chunks > 1) {
-      select_candidates_kernel<<<static_cast<unsigned>(nb), kSelThreads>>>(row0, n_dev.as<int64_t>(), k_dev.as<int64_t>(),
-                                                                           chunk, n_chunks, kmax, cu.as<uint32_t>(),
-                                                                           ci.as<int32_t>(), out_k, offset, out);
+      ::di::cuda::launch(select_candidates_kernel, static_cast<unsigned>(nb), kSelThreads, 0, row0, n_dev.as<int64_t>(),
+                         k_dev.as<int64_t>(), chunk, n_chunks, kmax, cu.as<uint32_t>(), ci.as<int32_t>(), out_k, offset,
+                         out);
       DI_CUDA_LAUNCH_CHECK();
     }
   }

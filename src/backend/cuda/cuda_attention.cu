@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace di {
 namespace {
@@ -68,6 +69,7 @@ template <int DPL>
 __global__ void __launch_bounds__(kAttnWarps * 32) sparse_attention_kernel(
     const float* __restrict__ q, AttnKeys keys, const int32_t* __restrict__ idx, int64_t len, const uint8_t* sink, WType sink_t, float scale, int heads, int dh, bool vec4, int64_t split_len,
     int mode, float* __restrict__ blk_max, float* __restrict__ part, float* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   constexpr int kHpw = kHeadsPerWarp;
   extern __shared__ float4 smem4[];
   float* tile = reinterpret_cast<float*>(smem4);  // [64, dh]
@@ -328,17 +330,14 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
     float* outr = out + r0 * heads * dh;
     const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(groups), static_cast<unsigned>(used));
     if (merge) {  // pass 1: block maxima (QK only); pass 2: the splits, each from the CPU's running max
-      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, keys, ir, len, sink, sink_t, scale, heads, dh,
-                                                                vec4, split_len, kAttnMaxPass, bmax.f32(), nullptr,
-                                                                outr);
+      ::di::cuda::launch(sparse_attention_kernel<DPL>, grid, nwarps * 32, smem, qr, keys, ir, len, sink, sink_t, scale,
+                         heads, dh, vec4, split_len, kAttnMaxPass, bmax.f32(), nullptr, outr);
       DI_CUDA_LAUNCH_CHECK();
-      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, keys, ir, len, sink, sink_t, scale, heads, dh,
-                                                                vec4, split_len, kAttnAfterMaxPass, bmax.f32(),
-                                                                part.f32(), outr);
+      ::di::cuda::launch(sparse_attention_kernel<DPL>, grid, nwarps * 32, smem, qr, keys, ir, len, sink, sink_t, scale,
+                         heads, dh, vec4, split_len, kAttnAfterMaxPass, bmax.f32(), part.f32(), outr);
     } else {
-      sparse_attention_kernel<DPL><<<grid, nwarps * 32, smem>>>(qr, keys, ir, len, sink, sink_t, scale, heads, dh,
-                                                                vec4, std::max<int64_t>(len, 1), kAttnOnePass, nullptr,
-                                                                nullptr, outr);
+      ::di::cuda::launch(sparse_attention_kernel<DPL>, grid, nwarps * 32, smem, qr, keys, ir, len, sink, sink_t, scale,
+                         heads, dh, vec4, std::max<int64_t>(len, 1), kAttnOnePass, nullptr, nullptr, outr);
     }
     DI_CUDA_LAUNCH_CHECK();
     if (merge) {
@@ -352,6 +351,7 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
 __global__ void map_paged_rows_kernel(int32_t* __restrict__ idx, int64_t total, int64_t len,
                                       const int64_t* __restrict__ table_start, const int32_t* __restrict__ table,
                                       int64_t rows_per_page, int64_t base) {
+  ::di::cuda::grid_dependency_wait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t v = idx[e];
@@ -366,6 +366,7 @@ __global__ void map_paged_rows_kernel(int32_t* __restrict__ idx, int64_t total, 
 // One thread per (group, channel): ratio x 2 reads, column-coalesced. CPU order and exp (exp_ref).
 __global__ void softmax_pool_kernel(const float* __restrict__ kv, const float* __restrict__ score, int ratio, int64_t d,
                                     int64_t total, float* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t j = e / d, c = e % d;
@@ -391,6 +392,7 @@ __global__ void softmax_pool_kernel(const float* __restrict__ kv, const float* _
 __global__ void index_scores_kernel(const float* __restrict__ q, int heads, int hd, const float* __restrict__ keys,
                                     const int64_t* __restrict__ key_off, int64_t t_len, const float* __restrict__ w,
                                     const int64_t* __restrict__ visible, int64_t row0, float* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   extern __shared__ float smem[];
   const int tile = blockDim.x, kstride = hd + 1;  // +1: conflict-free column reads
   float* qs = smem;                               // [heads * hd]
@@ -428,19 +430,25 @@ __global__ void index_scores_kernel(const float* __restrict__ q, int heads, int 
 // fp32 order as above (cpu::dot's eight chains over heads in order). The kernel above read both
 // operands of every product from shared memory and ran at 2 CTAs per SM (82 KB of staged keys):
 // 716 us per call at batch 64 over 4K keys, where the fp32 multiplies and adds alone take ~130 us.
+// kPacked: key j is row slots[j] of a packed FP4 + UE8M0 cache (68 bytes: 64 of codes, 4 scales),
+// dequantized into the registers as unpack_rows does -- 68 bytes read per key instead of 512 written by
+// an unpack and read back.
 constexpr int kRegHd = 128;
 constexpr int kRegThreads = 128;
+constexpr int kPackedIndexRow = kRegHd / 2 + kRegHd / 32;  // bytes of a kFp4Ue8m0 row of 128 values
 
+template <bool kPacked>
 __global__ void __launch_bounds__(kRegThreads)
     index_scores_reg_kernel(const float* __restrict__ q, int heads, const float* __restrict__ keys,
+                            const uint8_t* __restrict__ cache, const int32_t* __restrict__ slots,
                             const int64_t* __restrict__ key_off, int64_t t_len, const float* __restrict__ w,
                             const int64_t* __restrict__ visible, int64_t row0, float* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   extern __shared__ float4 smem4[];
   const float4* qs = smem4;                                       // [heads, 128] as float4
   float* ws = reinterpret_cast<float*>(smem4 + heads * kRegHd / 4);  // [heads]
   const int64_t r = row0 + blockIdx.y, t = static_cast<int64_t>(blockIdx.x) * kRegThreads + threadIdx.x;
-  const int64_t vis = visible[r];
-  if (key_off) keys += key_off[r] * kRegHd;
+  const int64_t vis = visible[r], first_key = key_off ? key_off[r] : 0;
   const float4* qr = reinterpret_cast<const float4*>(q + r * heads * kRegHd);
   for (int i = threadIdx.x; i < heads * kRegHd / 4; i += kRegThreads) smem4[i] = qr[i];
   for (int i = threadIdx.x; i < heads; i += kRegThreads) ws[i] = w[r * heads + i];
@@ -451,11 +459,23 @@ __global__ void __launch_bounds__(kRegThreads)
     return;
   }
   float k[kRegHd];
-  const float4* kp = reinterpret_cast<const float4*>(keys + t * kRegHd);
+  if constexpr (kPacked) {
+    // rows are 4-byte aligned (68 = 17 x 4)
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(cache + static_cast<int64_t>(slots[first_key + t]) *
+                                                                         kPackedIndexRow);
+    uint32_t words[kPackedIndexRow / 4];
 #pragma unroll
-  for (int j = 0; j < kRegHd / 4; ++j) {
-    const float4 v = kp[j];
-    k[4 * j] = v.x, k[4 * j + 1] = v.y, k[4 * j + 2] = v.z, k[4 * j + 3] = v.w;
+    for (int j = 0; j < kPackedIndexRow / 4; ++j) words[j] = __ldg(row + j);
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(words);
+#pragma unroll
+    for (int i = 0; i < kRegHd; ++i) k[i] = cuda::dq::fp4_ue8m0_dequant_at(bytes, bytes + kRegHd / 2, i);
+  } else {
+    const float4* kp = reinterpret_cast<const float4*>(keys + (first_key + t) * kRegHd);
+#pragma unroll
+    for (int j = 0; j < kRegHd / 4; ++j) {
+      const float4 v = kp[j];
+      k[4 * j] = v.x, k[4 * j + 1] = v.y, k[4 * j + 2] = v.z, k[4 * j + 3] = v.w;
+    }
   }
   float acc = 0;
   for (int h = 0; h < heads; ++h) {
@@ -480,11 +500,21 @@ __global__ void __launch_bounds__(kRegThreads)
   out[r * t_len + t] = cuda::round_bf16(acc);
 }
 
+// keys[j] = unpack of cache row slots[j] (dim values), one thread per value.
+__global__ void unpack_slots_kernel(const uint8_t* __restrict__ cache, int64_t row_bytes, const int32_t* __restrict__ slots,
+                                    int64_t n, RowFormat f, int dim, float* __restrict__ keys) {
+  ::di::cuda::grid_dependency_wait();
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n * dim;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    keys[e] = packed_at(cache + static_cast<int64_t>(slots[e / dim]) * row_bytes, f, dim, static_cast<int>(e % dim));
+}
+
 // ---- candidate blocks -----------------------------------------------------------------------------
 
 // bs[r, b] = max of block b of row r (std::max order), the query's newest block pinned to +inf.
 __global__ void block_max_kernel(const float* __restrict__ scores, int64_t width, int block_size, int64_t n_blocks,
                                  const int64_t* __restrict__ last, int64_t total, float* __restrict__ bs) {
+  ::di::cuda::grid_dependency_wait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = e / n_blocks, b = e % n_blocks;
@@ -499,6 +529,7 @@ __global__ void block_max_kernel(const float* __restrict__ scores, int64_t width
 // flags[r, list[r, i]] = 1 for the listed blocks whose score is finite.
 __global__ void mark_blocks_kernel(const int32_t* __restrict__ list, int64_t keep, const float* __restrict__ bs,
                                    int64_t n_blocks, int64_t total, uint8_t* __restrict__ flags) {
+  ::di::cuda::grid_dependency_wait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = e / keep;
@@ -510,6 +541,7 @@ __global__ void mark_blocks_kernel(const int32_t* __restrict__ list, int64_t kee
 // mask[r, p] = flags[r, p / block_size].
 __global__ void expand_blocks_kernel(const uint8_t* __restrict__ flags, int64_t n_blocks, int64_t width, int block_size,
                                      int64_t total, uint8_t* __restrict__ mask) {
+  ::di::cuda::grid_dependency_wait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = e / width, p = e % width;
@@ -518,6 +550,7 @@ __global__ void expand_blocks_kernel(const uint8_t* __restrict__ flags, int64_t 
 }
 
 __global__ void mask_scores_kernel(float* __restrict__ scores, const uint8_t* __restrict__ keep, int64_t total) {
+  ::di::cuda::grid_dependency_wait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x)
     if (!keep[e]) scores[e] = kNegInf;
@@ -572,8 +605,8 @@ void CudaBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_
   DI_CHECK_MSG(base + (max_page + 1) * rows_per_page <= (int64_t{1} << 31), "map_paged_rows: pool rows past 2^31");
   if (s * len == 0 || table.empty()) return;
   Scratch starts = cuda::attn::upload(table_start), pages = cuda::attn::upload(table);
-  map_paged_rows_kernel<<<elem_blocks(s * len), kElemThreads>>>(idx.i32(), s * len, len, starts.as<int64_t>(),
-                                                                pages.as<int32_t>(), rows_per_page, base);
+  ::di::cuda::launch(map_paged_rows_kernel, elem_blocks(s * len), kElemThreads, 0, idx.i32(), s * len, len,
+                     starts.as<int64_t>(), pages.as<int32_t>(), rows_per_page, base);
   DI_CUDA_LAUNCH_CHECK();
 }
 
@@ -584,7 +617,8 @@ Tensor CudaBackend::softmax_pool(const Tensor& kv, const Tensor& score, int rati
   Tensor out = alloc(TType::kF32, {g, d});
   const int64_t total = g * d;
   if (total == 0) return out;
-  softmax_pool_kernel<<<elem_blocks(total), kElemThreads>>>(kv.f32(), score.f32(), ratio, d, total, out.f32());
+  ::di::cuda::launch(softmax_pool_kernel, elem_blocks(total), kElemThreads, 0, kv.f32(), score.f32(), ratio, d, total,
+                     out.f32());
   DI_CUDA_LAUNCH_CHECK();
   return out;
 }
@@ -618,8 +652,9 @@ Tensor CudaBackend::index_scores(const Tensor& q, int heads, const Tensor& keys,
     const unsigned reg_tiles = static_cast<unsigned>((t_len + kRegThreads - 1) / kRegThreads);
     for (int64_t row0 = 0; row0 < s; row0 += 65535) {
       const unsigned nb = static_cast<unsigned>(std::min<int64_t>(65535, s - row0));
-      index_scores_reg_kernel<<<dim3(reg_tiles, nb), kRegThreads, smem>>>(
-          q.f32(), heads, keys.f32(), offs.as<int64_t>(), t_len, w.f32(), vis.as<int64_t>(), row0, out.f32());
+      ::di::cuda::launch(index_scores_reg_kernel<false>, dim3(reg_tiles, nb), kRegThreads, smem, q.f32(), heads,
+                         keys.f32(), nullptr, nullptr, offs.as<int64_t>(), t_len, w.f32(), vis.as<int64_t>(), row0,
+                         out.f32());
       DI_CUDA_LAUNCH_CHECK();
     }
     return out;
@@ -627,9 +662,40 @@ Tensor CudaBackend::index_scores(const Tensor& q, int heads, const Tensor& keys,
   const unsigned tiles = static_cast<unsigned>((t_len + tile - 1) / tile);
   for (int64_t row0 = 0; row0 < s; row0 += 65535) {
     const unsigned nb = static_cast<unsigned>(std::min<int64_t>(65535, s - row0));
-    index_scores_kernel<<<dim3(tiles, nb), tile, smem_for(tile)>>>(q.f32(), heads, static_cast<int>(hd), keys.f32(),
-                                                                   offs.as<int64_t>(), t_len, w.f32(), vis.as<int64_t>(),
-                                                                   row0, out.f32());
+    ::di::cuda::launch(index_scores_kernel, dim3(tiles, nb), tile, smem_for(tile), q.f32(), heads, static_cast<int>(hd),
+                       keys.f32(), offs.as<int64_t>(), t_len, w.f32(), vis.as<int64_t>(), row0, out.f32());
+    DI_CUDA_LAUNCH_CHECK();
+  }
+  return out;
+}
+
+Tensor CudaBackend::index_scores_packed(const Tensor& q, int heads, const Tensor& cache, RowFormat format,
+                                        const Tensor& slots, const Tensor& w, const std::vector<int64_t>& visible,
+                                        const std::vector<int64_t>& key_offsets) {
+  DI_CHECK(heads > 0 && q.row_size() % heads == 0 && slots.type == TType::kI32 && cache.type == TType::kU8);
+  const int64_t s = q.rows(), hd = q.row_size() / heads, n_keys = slots.numel();
+  DI_CHECK(cache.row_size() == packed_row_bytes(format, hd));
+  if (!(format == RowFormat::kFp4Ue8m0 && hd == kRegHd && heads <= 64)) {  // other shapes: unpack, then score
+    Tensor keys = alloc(TType::kF32, {n_keys, hd});
+    if (n_keys > 0) {
+      ::di::cuda::launch(unpack_slots_kernel, elem_blocks(n_keys * hd), kElemThreads, 0, cache.u8(), cache.row_size(),
+                         slots.i32(), n_keys, format, static_cast<int>(hd), keys.f32());
+      DI_CUDA_LAUNCH_CHECK();
+    }
+    return index_scores(q, heads, keys, w, visible, key_offsets);
+  }
+  const int64_t t_len = key_offsets.empty() ? n_keys : index_width(visible);
+  DI_CHECK(w.row_size() == heads && w.rows() == s && static_cast<int64_t>(visible.size()) == s);
+  check_key_offsets(key_offsets, visible, n_keys);
+  Tensor out = alloc(TType::kF32, {s, t_len});
+  if (s == 0 || t_len == 0) return out;
+  Scratch vis = cuda::attn::upload(visible), offs = cuda::attn::upload(key_offsets);
+  const size_t smem = static_cast<size_t>(heads) * (kRegHd + 1) * sizeof(float);
+  const unsigned reg_tiles = static_cast<unsigned>((t_len + kRegThreads - 1) / kRegThreads);
+  for (int64_t row0 = 0; row0 < s; row0 += 65535) {
+    const unsigned nb = static_cast<unsigned>(std::min<int64_t>(65535, s - row0));
+    ::di::cuda::launch(index_scores_reg_kernel<true>, dim3(reg_tiles, nb), kRegThreads, smem, q.f32(), heads, nullptr,
+                       cache.u8(), slots.i32(), offs.as<int64_t>(), t_len, w.f32(), vis.as<int64_t>(), row0, out.f32());
     DI_CUDA_LAUNCH_CHECK();
   }
   return out;
@@ -651,8 +717,8 @@ Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<in
   }
   // Block scores [S, n_blocks] with the newest block pinned.
   Scratch bs(static_cast<size_t>(s * n_blocks) * sizeof(float)), last_dev = cuda::attn::upload(last);
-  block_max_kernel<<<elem_blocks(s * n_blocks), kElemThreads>>>(scores.f32(), width, block_size, n_blocks,
-                                                                last_dev.as<int64_t>(), s * n_blocks, bs.as<float>());
+  ::di::cuda::launch(block_max_kernel, elem_blocks(s * n_blocks), kElemThreads, 0, scores.f32(), width, block_size,
+                     n_blocks, last_dev.as<int64_t>(), s * n_blocks, bs.as<float>());
   DI_CUDA_LAUNCH_CHECK();
   Scratch flags;
   if (ties == TieBreak::kTorch) {
@@ -662,8 +728,8 @@ Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<in
     if (keep > 0) {
       Scratch list(static_cast<size_t>(s * keep) * sizeof(int32_t));
       cuda::attn::topk_torch(bs.as<float>(), s, n_blocks, n_blocks, keep, list.as<int32_t>());
-      mark_blocks_kernel<<<elem_blocks(s * keep), kElemThreads>>>(list.as<int32_t>(), keep, bs.as<float>(), n_blocks,
-                                                                  s * keep, flags.as<uint8_t>());
+      ::di::cuda::launch(mark_blocks_kernel, elem_blocks(s * keep), kElemThreads, 0, list.as<int32_t>(), keep,
+                         bs.as<float>(), n_blocks, s * keep, flags.as<uint8_t>());
       DI_CUDA_LAUNCH_CHECK();
     }
   } else {
@@ -672,13 +738,13 @@ Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<in
     if (keep > 0) {
       Scratch list(static_cast<size_t>(s * keep) * sizeof(int32_t));
       cuda::attn::topk_lowest_index(bs.as<float>(), s, n_blocks, reach, kr, keep, 0, list.as<int32_t>());
-      mark_blocks_kernel<<<elem_blocks(s * keep), kElemThreads>>>(list.as<int32_t>(), keep, bs.as<float>(), n_blocks,
-                                                                  s * keep, flags.as<uint8_t>());
+      ::di::cuda::launch(mark_blocks_kernel, elem_blocks(s * keep), kElemThreads, 0, list.as<int32_t>(), keep,
+                         bs.as<float>(), n_blocks, s * keep, flags.as<uint8_t>());
       DI_CUDA_LAUNCH_CHECK();
     }
   }
-  expand_blocks_kernel<<<elem_blocks(s * width), kElemThreads>>>(flags.as<uint8_t>(), n_blocks, width, block_size,
-                                                                 s * width, mask.u8());
+  ::di::cuda::launch(expand_blocks_kernel, elem_blocks(s * width), kElemThreads, 0, flags.as<uint8_t>(), n_blocks,
+                     width, block_size, s * width, mask.u8());
   DI_CUDA_LAUNCH_CHECK();
   return mask;
 }
@@ -687,7 +753,7 @@ void CudaBackend::mask_scores(Tensor& scores, const Tensor& keep_mask) {
   DI_CHECK(keep_mask.numel() == scores.numel() && keep_mask.type == TType::kU8 && scores.type == TType::kF32);
   const int64_t total = scores.numel();
   if (total == 0) return;
-  mask_scores_kernel<<<elem_blocks(total), kElemThreads>>>(scores.f32(), keep_mask.u8(), total);
+  ::di::cuda::launch(mask_scores_kernel, elem_blocks(total), kElemThreads, 0, scores.f32(), keep_mask.u8(), total);
   DI_CUDA_LAUNCH_CHECK();
 }
 

@@ -6,6 +6,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_scratch.cuh"
 #include "backend/cuda/fp4_layout.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace di {
 
@@ -47,6 +48,7 @@ constexpr int64_t kCopyPieceBytes = 64 << 10;  // long copies spread over CTAs
 constexpr int kCopyThreads = 256;
 
 __global__ void copy_pieces_kernel(const CopyPiece* __restrict__ pieces) {
+  ::di::cuda::grid_dependency_wait();
   const CopyPiece c = pieces[blockIdx.x];
   if (((reinterpret_cast<uintptr_t>(c.dst) | reinterpret_cast<uintptr_t>(c.src) | c.bytes) & 15) == 0) {
     const uint4* s = reinterpret_cast<const uint4*>(c.src);
@@ -175,7 +177,7 @@ void CudaBackend::copy_rows_batch(const std::vector<RowCopy>& copies) {
   constexpr size_t kMaxGrid = 65535;
   for (size_t p0 = 0; p0 < pieces.size(); p0 += kMaxGrid) {
     const auto n = static_cast<unsigned>(std::min(kMaxGrid, pieces.size() - p0));
-    copy_pieces_kernel<<<n, kCopyThreads>>>(dev.as<CopyPiece>() + p0);
+    ::di::cuda::launch(copy_pieces_kernel, n, kCopyThreads, 0, dev.as<CopyPiece>() + p0);
     DI_CUDA_LAUNCH_CHECK();
   }
 }

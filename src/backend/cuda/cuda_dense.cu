@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/dense_linear.cuh"
 #include "backend/cuda/dense_scratch.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace di {
 namespace {
@@ -46,6 +47,7 @@ void check_float_dtype(DType d, const char* op) {
 template <DType kD>
 __global__ void embed_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t d, int64_t vocab,
                              const uint8_t* __restrict__ table, float* __restrict__ out, int* __restrict__ bad) {
+  ::di::cuda::grid_dependency_wait();
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n * d;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = e / d, c = e % d;
@@ -73,6 +75,7 @@ template <DType kD>
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_kernel(const float* __restrict__ x, int64_t n, const uint8_t* __restrict__ w, float eps,
                    float* __restrict__ y) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t row = blockIdx.x;
   const float* xr = x + row * n;
   float* yr = y + row * n;
@@ -104,6 +107,7 @@ __global__ void __launch_bounds__(kNormThreads)
 // cos/sin in fp64 rounded to fp32 (correctly rounded, as close as possible to the CPU's cosf/sinf).
 __global__ void rope_kernel(float* __restrict__ x, int64_t S, int heads, int head_dim, int rope_dim,
                             const int64_t* __restrict__ pos, const float* __restrict__ freqs, bool inverse) {
+  ::di::cuda::grid_dependency_wait();
   const int half = rope_dim / 2;
   const int64_t total = S * heads * half;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
@@ -126,6 +130,7 @@ __global__ void rope_kernel(float* __restrict__ x, int64_t S, int heads, int hea
 
 // [n] in place: 4 B read and written per value.
 __global__ void scale_bf16_kernel(float* __restrict__ x, int64_t n, float factor, bool scale) {
+  ::di::cuda::grid_dependency_wait();
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[e] = cuda::dq::round_bf16(scale ? __fmul_rn(x[e], factor) : x[e]);
@@ -137,6 +142,7 @@ __global__ void scale_bf16_kernel(float* __restrict__ x, int64_t n, float factor
 // One warp per 32 values (n % 32 == 0; every format's blocks divide 32, so a segment is quantized
 // alone exactly as inside its row), in place.
 __global__ void qdq_warp_kernel(float* __restrict__ x, int64_t segments, RowFormat f) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t seg = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (seg >= segments) return;
   float* p = x + seg * 32;
@@ -149,6 +155,7 @@ __global__ void qdq_warp_kernel(float* __restrict__ x, int64_t segments, RowForm
 
 // kFp4E4m3 rows with n % 32 == 16: one thread per 16-value block, in place.
 __global__ void qdq_fp4_e4m3_block_kernel(float* __restrict__ x, int64_t nblocks) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= nblocks) return;
   float* p = x + b * 16;
@@ -161,6 +168,7 @@ __global__ void qdq_fp4_e4m3_block_kernel(float* __restrict__ x, int64_t nblocks
 // written into rows[r] (the cache row of any cache; nullptr: row r is not written), as the row
 // quantizer writes them.
 __global__ void pack_warp_kernel(const float* __restrict__ x, int64_t S, int n, RowFormat f, uint8_t* const* __restrict__ rows) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t seg = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int per_row = n / 32;
   const int64_t r = seg / per_row;
@@ -177,6 +185,7 @@ __global__ void pack_warp_kernel(const float* __restrict__ x, int64_t S, int n, 
 
 // kFp4E4m3 rows with n % 32 == 16: one thread per row.
 __global__ void pack_fp4_e4m3_serial_kernel(const float* __restrict__ x, int64_t S, int n, uint8_t* const* __restrict__ rows) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= S || rows[r] == nullptr) return;
   uint8_t* row = rows[r];
@@ -185,6 +194,7 @@ __global__ void pack_fp4_e4m3_serial_kernel(const float* __restrict__ x, int64_t
 
 // [S, dim] one thread per value: reads ~1 B (FP8) or ~0.6 B (FP4) and writes 4 B.
 __global__ void unpack_kernel(const uint8_t* const* __restrict__ rows, RowFormat f, int64_t S, int n, float* __restrict__ y) {
+  ::di::cuda::grid_dependency_wait();
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < S * n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = e / n;
@@ -212,9 +222,18 @@ Tensor CudaBackend::embed(const Tensor& ids, const Weight& table) {
   DI_CUDA_CHECK(cudaMemsetAsync(bad.as<int>(), 0, sizeof(int), 0));
   const int grid = grid_for(n * d);
   switch (table.dtype) {
-    case DType::kBF16: embed_kernel<DType::kBF16><<<grid, kThreads>>>(ids.i32(), n, d, table.rows, cuda::wdata(table), out.f32(), bad.as<int>()); break;
-    case DType::kF16: embed_kernel<DType::kF16><<<grid, kThreads>>>(ids.i32(), n, d, table.rows, cuda::wdata(table), out.f32(), bad.as<int>()); break;
-    default: embed_kernel<DType::kF32><<<grid, kThreads>>>(ids.i32(), n, d, table.rows, cuda::wdata(table), out.f32(), bad.as<int>()); break;
+    case DType::kBF16:
+      ::di::cuda::launch(embed_kernel<DType::kBF16>, grid, kThreads, 0, ids.i32(), n, d, table.rows, cuda::wdata(table),
+                         out.f32(), bad.as<int>());
+      break;
+    case DType::kF16:
+      ::di::cuda::launch(embed_kernel<DType::kF16>, grid, kThreads, 0, ids.i32(), n, d, table.rows, cuda::wdata(table),
+                         out.f32(), bad.as<int>());
+      break;
+    default:
+      ::di::cuda::launch(embed_kernel<DType::kF32>, grid, kThreads, 0, ids.i32(), n, d, table.rows, cuda::wdata(table),
+                         out.f32(), bad.as<int>());
+      break;
   }
   DI_CUDA_LAUNCH_CHECK();
   // The CPU backend checks every id (DI_CHECK); here one 4-byte read-back per call does the same.
@@ -266,9 +285,15 @@ Tensor CudaBackend::rmsnorm(const Tensor& x, const Weight& weight, float eps) {
   const unsigned grid = static_cast<unsigned>(s);  // one CTA per row
   const uint8_t* w = cuda::wdata(weight);
   switch (weight.dtype) {
-    case DType::kBF16: rmsnorm_kernel<DType::kBF16><<<grid, kNormThreads>>>(x.f32(), n, w, eps, y.f32()); break;
-    case DType::kF16: rmsnorm_kernel<DType::kF16><<<grid, kNormThreads>>>(x.f32(), n, w, eps, y.f32()); break;
-    default: rmsnorm_kernel<DType::kF32><<<grid, kNormThreads>>>(x.f32(), n, w, eps, y.f32()); break;
+    case DType::kBF16:
+      ::di::cuda::launch(rmsnorm_kernel<DType::kBF16>, grid, kNormThreads, 0, x.f32(), n, w, eps, y.f32());
+      break;
+    case DType::kF16:
+      ::di::cuda::launch(rmsnorm_kernel<DType::kF16>, grid, kNormThreads, 0, x.f32(), n, w, eps, y.f32());
+      break;
+    default:
+      ::di::cuda::launch(rmsnorm_kernel<DType::kF32>, grid, kNormThreads, 0, x.f32(), n, w, eps, y.f32());
+      break;
   }
   DI_CUDA_LAUNCH_CHECK();
   return y;
@@ -284,22 +309,22 @@ void CudaBackend::rope(Tensor& x, int heads, int head_dim, int rope_dim, const s
   if (total == 0) return;
   Scratch pos = upload(positions);
   Scratch freqs = upload(table.freqs);
-  rope_kernel<<<grid_for(total), kThreads>>>(x.f32(), s, heads, head_dim, rope_dim, pos.as<int64_t>(),
-                                             freqs.as<float>(), inverse);
+  ::di::cuda::launch(rope_kernel, grid_for(total), kThreads, 0, x.f32(), s, heads, head_dim, rope_dim,
+                     pos.as<int64_t>(), freqs.as<float>(), inverse);
   DI_CUDA_LAUNCH_CHECK();
 }
 
 void CudaBackend::round_bf16(Tensor& x) {
   DI_CHECK(x.type == TType::kF32);
   if (x.numel() == 0) return;
-  scale_bf16_kernel<<<grid_for(x.numel()), kThreads>>>(x.f32(), x.numel(), 1.0f, false);
+  ::di::cuda::launch(scale_bf16_kernel, grid_for(x.numel()), kThreads, 0, x.f32(), x.numel(), 1.0f, false);
   DI_CUDA_LAUNCH_CHECK();
 }
 
 void CudaBackend::scale_bf16(Tensor& x, float factor) {
   DI_CHECK(x.type == TType::kF32);
   if (x.numel() == 0) return;
-  scale_bf16_kernel<<<grid_for(x.numel()), kThreads>>>(x.f32(), x.numel(), factor, true);
+  ::di::cuda::launch(scale_bf16_kernel, grid_for(x.numel()), kThreads, 0, x.f32(), x.numel(), factor, true);
   DI_CUDA_LAUNCH_CHECK();
 }
 
@@ -308,9 +333,11 @@ void CudaBackend::qdq(Tensor& x, RowFormat format) {
   DI_CHECK(x.type == TType::kF32 && n % row_block(format) == 0 && n < (1LL << 31));
   if (s * n == 0) return;
   if (n % 32 == 0) {
-    qdq_warp_kernel<<<static_cast<int>(blocks_for(s * n, kThreads)), kThreads>>>(x.f32(), s * n / 32, format);
+    ::di::cuda::launch(qdq_warp_kernel, static_cast<int>(blocks_for(s * n, kThreads)), kThreads, 0, x.f32(), s * n / 32,
+                       format);
   } else {  // kFp4E4m3, n % 32 == 16
-    qdq_fp4_e4m3_block_kernel<<<static_cast<int>(blocks_for(s * n / 16, kThreads)), kThreads>>>(x.f32(), s * n / 16);
+    ::di::cuda::launch(qdq_fp4_e4m3_block_kernel, static_cast<int>(blocks_for(s * n / 16, kThreads)), kThreads, 0,
+                       x.f32(), s * n / 16);
   }
   DI_CUDA_LAUNCH_CHECK();
 }
@@ -325,11 +352,11 @@ void pack_to_rows(const Tensor& x, RowFormat format, const std::vector<uint8_t*>
   if (s == 0 || n == 0) return;
   Scratch drows = upload(rows);
   if (n % 32 == 0)
-    pack_warp_kernel<<<static_cast<int>(blocks_for(s * n, kThreads)), kThreads>>>(x.f32(), s, static_cast<int>(n), format,
-                                                                                  drows.as<uint8_t*>());
+    ::di::cuda::launch(pack_warp_kernel, static_cast<int>(blocks_for(s * n, kThreads)), kThreads, 0, x.f32(), s,
+                       static_cast<int>(n), format, drows.as<uint8_t*>());
   else  // kFp4E4m3, n % 32 == 16
-    pack_fp4_e4m3_serial_kernel<<<static_cast<int>(blocks_for(s, kThreads)), kThreads>>>(x.f32(), s, static_cast<int>(n),
-                                                                                         drows.as<uint8_t*>());
+    ::di::cuda::launch(pack_fp4_e4m3_serial_kernel, static_cast<int>(blocks_for(s, kThreads)), kThreads, 0, x.f32(), s,
+                       static_cast<int>(n), drows.as<uint8_t*>());
   DI_CUDA_LAUNCH_CHECK();
 }
 
@@ -339,7 +366,8 @@ void unpack_from_rows(const std::vector<const uint8_t*>& rows, RowFormat format,
   DI_CHECK(dim % row_block(format) == 0 && dim < (1LL << 31));
   if (s * dim == 0) return;
   Scratch drows = upload(rows);
-  unpack_kernel<<<grid_for(s * dim), kThreads>>>(drows.as<const uint8_t*>(), format, s, static_cast<int>(dim), y);
+  ::di::cuda::launch(unpack_kernel, grid_for(s * dim), kThreads, 0, drows.as<const uint8_t*>(), format, s,
+                     static_cast<int>(dim), y);
   DI_CUDA_LAUNCH_CHECK();
 }
 

@@ -20,6 +20,7 @@
 #include "backend/cuda/dense_linear.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace di::cuda::dense {
 namespace {
@@ -69,6 +70,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     bf16_mma_kernel(const float* __restrict__ x, int64_t x_stride, int rows_per_group, int S, const uint8_t* __restrict__ w,
                     const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int k_per_split,
                     bool bf16_out, float* __restrict__ y, float* __restrict__ partial) {
+  ::di::cuda::grid_dependency_wait();
   constexpr int kTok = 8 * NT;
   constexpr bool kFp8 = F == MmaWeight::kFp8Block;
   constexpr int kLoads = kFp8 ? 1 : 2;  // 16-byte weight loads per row per chunk
@@ -189,10 +191,9 @@ void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, 
   float* partial = used > 1 ? workspace_as<float>(Ws::kPartial, static_cast<size_t>(used * S * w.rows)) : nullptr;
   const dim3 grid(static_cast<unsigned>((w.rows + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>((S + 8 * NT - 1) / (8 * NT)),
                   static_cast<unsigned>(used));
-  bf16_mma_kernel<NT, F><<<grid, kMmaThreads>>>(x, x_stride, rows_per_group, static_cast<int>(S), wdata(w),
-                                                F == MmaWeight::kFp8Block ? wscale(w) : nullptr, w.scale_cols,
-                                                static_cast<int>(w.rows), static_cast<int>(w.cols),
-                                                static_cast<int>(per_split), bf16_out, y, partial);
+  ::di::cuda::launch(bf16_mma_kernel<NT, F>, grid, kMmaThreads, 0, x, x_stride, rows_per_group, static_cast<int>(S),
+                     wdata(w), F == MmaWeight::kFp8Block ? wscale(w) : nullptr, w.scale_cols, static_cast<int>(w.rows),
+                     static_cast<int>(w.cols), static_cast<int>(per_split), bf16_out, y, partial);
   DI_CUDA_LAUNCH_CHECK();
   if (partial) reduce_splits(partial, static_cast<int>(used), S * w.rows, bf16_out, y);
 }

@@ -21,6 +21,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/batch_invariance.cuh"
@@ -30,6 +31,7 @@
 #include "backend/cuda/dense_scratch.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace di::cuda::dense {
 namespace {
@@ -56,6 +58,7 @@ __device__ __forceinline__ void e4m3x4(uint32_t u, float* out) {
 // Reads 4 B and writes 1.125 B per element.
 __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, uint8_t* __restrict__ codes,
                                  float* __restrict__ scales) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t blk = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (blk >= nblocks) return;  // whole warps leave together
   const int lane = threadIdx.x & 31;
@@ -79,7 +82,11 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     quantized_linear_kernel(mma::ActSource src, int M, const uint8_t* __restrict__ w,
                             const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int kb_per_split,
                             int inline_splits, bool fixup, float* __restrict__ partial,
-                            unsigned* __restrict__ counters, float* __restrict__ y) {
+                            unsigned* __restrict__ counters, float* __restrict__ y, int prefetch_stages) {
+  mma::prefetch_weights_then_wait<F, NT>(w, N, K, blockIdx.x * mma::kCtaRows + (threadIdx.x >> 5) * mma::kWarpRows,
+                                         kInlineSplits ? 0 : blockIdx.y * kb_per_split,
+                                         min(K / 32, (kInlineSplits ? 0 : blockIdx.y * kb_per_split) + kb_per_split),
+                                         prefetch_stages);
   using namespace mma;
   const int warp = threadIdx.x >> 5;
   const int row0 = blockIdx.x * kCtaRows + warp * kWarpRows;
@@ -91,7 +98,8 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     for (int sp = 0; sp < inline_splits; ++sp) {
       float part[2][NT][4] = {};
       const int kb0 = sp * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
-      cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, part);
+      cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, part,
+                      prefetch_stages);
       add_split(acc, part);
     }
     for_each_acc(acc, row0, N, count,
@@ -99,7 +107,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     return;
   }
   const int kb0 = split * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
-  cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, acc);
+  cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, acc, prefetch_stages);
   if (splits == 1) {
     for_each_acc(acc, row0, N, count,
                  [&](int r, int t, float v) { y[static_cast<int64_t>(t0 + t) * N + r] = dq::round_bf16(v); });
@@ -119,6 +127,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
 // y[i] = sum over splits of partial[sp][i] (bf16-rounded when bf16_out), i < M*N, in split order.
 __global__ void reduce_splits_kernel(const float* __restrict__ partial, int splits, int64_t mn, bool bf16_out,
                                      float* __restrict__ y) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= mn) return;
   const float v = mma::sum_splits(partial + i, mn, splits);
@@ -155,9 +164,9 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
       bi::linear_k_split(invariant, row_ctas, chunks, nb, NT, capacity, resident_ctas<F, 1>() * sm_count());
   if (!bi::splits_on_ctas(invariant, row_ctas * chunks, plan.splits, capacity, plan.splits * M * N * 4)) {
     const dim3 grid(static_cast<unsigned>(row_ctas), 1u, static_cast<unsigned>(chunks));
-    quantized_linear_kernel<F, NT, true><<<grid, mma::kThreads>>>(
-        src, static_cast<int>(M), wdata(w), wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K),
-        plan.kb_per_split, plan.splits, false, nullptr, nullptr, y);
+    ::di::cuda::launch(quantized_linear_kernel<F, NT, true>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
+                       wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split,
+                       plan.splits, false, nullptr, nullptr, y, weight_prefetch_stages());
     DI_CUDA_LAUNCH_CHECK();
     return;
   }
@@ -169,9 +178,9 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
     if (fixup) counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(row_ctas * chunks));
   }
   const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(chunks));
-  quantized_linear_kernel<F, NT, false><<<grid, mma::kThreads>>>(
-      src, static_cast<int>(M), wdata(w), wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K),
-      plan.kb_per_split, 1, fixup, partial, counters, y);
+  ::di::cuda::launch(quantized_linear_kernel<F, NT, false>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
+                     wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split, 1, fixup,
+                     partial, counters, y, weight_prefetch_stages());
   DI_CUDA_LAUNCH_CHECK();
   if (plan.splits > 1 && !fixup) {
     reduce_splits(partial, plan.splits, M * N, true, y);
@@ -281,6 +290,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     float_linear_kernel(const float* __restrict__ x, int64_t x_stride, int rows_per_group, const uint8_t* __restrict__ w,
                         const uint8_t* __restrict__ wscale, int64_t scale_cols, int S, int N, int K, bool bf16_out,
                         float* __restrict__ y) {
+  ::di::cuda::grid_dependency_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int o0 = (blockIdx.y * kWarps + warp) * kFeat;
   if (o0 >= N) return;
@@ -347,11 +357,11 @@ void launch_float_feat(const float* x, int64_t x_stride, int rows_per_group, con
   const uint8_t* sc = w.scale ? wscale(w) : nullptr;
   // 8-wide vector loads need 16-byte aligned rows of x and W: K % 8 == 0 (x_stride too).
   if (K % 8 == 0 && x_stride % 8 == 0)
-    float_linear_kernel<Acc, kKind, 8, kFeat><<<grid, kWarps * 32>>>(x, x_stride, rows_per_group, wdata(w), sc,
-                                                                     w.scale_cols, static_cast<int>(S), N, K, bf16_out, y);
+    ::di::cuda::launch(float_linear_kernel<Acc, kKind, 8, kFeat>, grid, kWarps * 32, 0, x, x_stride, rows_per_group,
+                       wdata(w), sc, w.scale_cols, static_cast<int>(S), N, K, bf16_out, y);
   else
-    float_linear_kernel<Acc, kKind, 1, kFeat><<<grid, kWarps * 32>>>(x, x_stride, rows_per_group, wdata(w), sc,
-                                                                     w.scale_cols, static_cast<int>(S), N, K, bf16_out, y);
+    ::di::cuda::launch(float_linear_kernel<Acc, kKind, 1, kFeat>, grid, kWarps * 32, 0, x, x_stride, rows_per_group,
+                       wdata(w), sc, w.scale_cols, static_cast<int>(S), N, K, bf16_out, y);
   DI_CUDA_LAUNCH_CHECK();
 }
 
@@ -383,9 +393,17 @@ int sm_count() {
 
 }  // namespace
 
+int weight_prefetch_stages() {
+  static const int stages = [] {
+    const char* v = std::getenv("DEEPINFER_L2_PREFETCH");
+    return v != nullptr ? std::clamp(std::atoi(v), 0, 16) : 2;
+  }();
+  return stages;
+}
+
 void reduce_splits(const float* partial, int splits, int64_t n, bool bf16_out, float* y) {
   if (n == 0) return;
-  reduce_splits_kernel<<<blocks_for(n, 256), 256>>>(partial, splits, n, bf16_out, y);
+  ::di::cuda::launch(reduce_splits_kernel, blocks_for(n, 256), 256, 0, partial, splits, n, bf16_out, y);
   DI_CUDA_LAUNCH_CHECK();
 }
 
@@ -393,7 +411,7 @@ void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes
   DI_CHECK_MSG(K % 32 == 0, "FP8 activation quantization needs K divisible by 32");
   const int64_t nblocks = rows * (K / 32);
   if (nblocks == 0) return;
-  act_quant_kernel<<<blocks_for(nblocks * 32, 256), 256>>>(x, nblocks, codes, scales);
+  ::di::cuda::launch(act_quant_kernel, blocks_for(nblocks * 32, 256), 256, 0, x, nblocks, codes, scales);
   DI_CUDA_LAUNCH_CHECK();
 }
 

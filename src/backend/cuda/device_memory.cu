@@ -31,7 +31,7 @@ struct BlockCache {
 // Staging for uploads: two halves of pinned memory; a half is refilled only after the copies issued
 // from it have run (an event recorded when the ring left it).
 struct UploadRing {
-  static constexpr size_t kHalf = size_t{4} << 20;
+  static constexpr size_t kHalf = size_t{16} << 20;
   std::mutex mu;
   uint8_t* host = nullptr;
   size_t used = 0;  // bytes of the current half

@@ -4,6 +4,7 @@
 
 #include "backend/cuda/moe_elem.cuh"
 #include "backend/cuda/moe_kernels.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace di::cuda::moe {
 namespace {
@@ -15,6 +16,7 @@ constexpr unsigned kFull = 0xffffffffu;
 __global__ void engram_lookup_kernel(const int32_t* __restrict__ cols, int64_t n, const uint8_t* __restrict__ table,
                                      const uint8_t* __restrict__ scales, int64_t table_rows, int64_t hd,
                                      float* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t chunks = hd / 16;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= n * chunks) return;
@@ -47,6 +49,7 @@ template <ElemType T>
 __global__ void engram_inject_kernel(const float* __restrict__ x, const float* __restrict__ kv,
                                      const uint8_t* __restrict__ qw, const uint8_t* __restrict__ kw, int hc, int64_t d,
                                      float eps, float inv_sqrt_d, float* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   __shared__ float red[3][32];
   const int64_t r = blockIdx.x / hc;
   const int k = static_cast<int>(blockIdx.x % hc);
@@ -90,7 +93,8 @@ void engram_lookup(const int32_t* cols, int64_t n, const uint8_t* table, const u
   DI_CHECK_MSG(hd % 32 == 0, "engram_lookup: head dim must be a multiple of 32");
   if (n == 0 || hd == 0) return;
   constexpr int kThreads = 256;
-  engram_lookup_kernel<<<blocks_for(n * (hd / 16), kThreads), kThreads>>>(cols, n, table, scales, table_rows, hd, out);
+  ::di::cuda::launch(engram_lookup_kernel, blocks_for(n * (hd / 16), kThreads), kThreads, 0, cols, n, table, scales,
+                     table_rows, hd, out);
   DI_CUDA_LAUNCH_CHECK();
 }
 
@@ -102,13 +106,16 @@ void engram_inject(const float* x, const float* kv, const uint8_t* q, const uint
   const unsigned blocks = static_cast<unsigned>(s * hc);
   switch (elem_type(w_dtype, "engram_inject q/k weight")) {
     case ElemType::kBf16:
-      engram_inject_kernel<ElemType::kBf16><<<blocks, kThreads>>>(x, kv, q, k, hc, d, eps, inv_sqrt_d, out);
+      ::di::cuda::launch(engram_inject_kernel<ElemType::kBf16>, blocks, kThreads, 0, x, kv, q, k, hc, d, eps,
+                         inv_sqrt_d, out);
       break;
     case ElemType::kF16:
-      engram_inject_kernel<ElemType::kF16><<<blocks, kThreads>>>(x, kv, q, k, hc, d, eps, inv_sqrt_d, out);
+      ::di::cuda::launch(engram_inject_kernel<ElemType::kF16>, blocks, kThreads, 0, x, kv, q, k, hc, d, eps, inv_sqrt_d,
+                         out);
       break;
     case ElemType::kF32:
-      engram_inject_kernel<ElemType::kF32><<<blocks, kThreads>>>(x, kv, q, k, hc, d, eps, inv_sqrt_d, out);
+      ::di::cuda::launch(engram_inject_kernel<ElemType::kF32>, blocks, kThreads, 0, x, kv, q, k, hc, d, eps, inv_sqrt_d,
+                         out);
       break;
   }
   DI_CUDA_LAUNCH_CHECK();

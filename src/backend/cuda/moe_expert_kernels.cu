@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/moe_elem.cuh"
 #include "backend/cuda/moe_kernels.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace di::cuda::moe {
 namespace {
@@ -13,6 +14,7 @@ constexpr int kThreads = 256;
 // One thread per float: n*d*4 bytes read and written (coalesced along the row).
 __global__ void gather_rows_kernel(const float* __restrict__ src, const int32_t* __restrict__ rows, int64_t n,
                                    int64_t d, float* __restrict__ dst) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= n * d) return;
   const int64_t i = t / d, c = t % d;
@@ -23,6 +25,7 @@ __global__ void gather_rows_kernel(const float* __restrict__ src, const int32_t*
 // is the CPU's (g / (1 + exp(-g)) * u, then w * h); __f*_rn keeps nvcc from fusing into FMAs.
 __global__ void swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n, int64_t inter,
                               const float* __restrict__ route_w, const int32_t* __restrict__ slots, float limit) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= n * inter) return;
   float g = gate[t], u = up[t];
@@ -38,6 +41,7 @@ __global__ void swiglu_kernel(float* __restrict__ gate, const float* __restrict_
 // acc[rows[i]] += y[i]: n*d*8 bytes read, n*d*4 written. Rows are distinct within a call.
 __global__ void scatter_add_kernel(float* __restrict__ acc, const float* __restrict__ y, const int32_t* __restrict__ rows,
                                    int64_t n, int64_t d) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= n * d) return;
   const int64_t i = t / d, c = t % d;
@@ -48,6 +52,7 @@ __global__ void scatter_add_kernel(float* __restrict__ acc, const float* __restr
 // n floats: 8 bytes in, 4 out each.
 __global__ void add_round_kernel(const float* __restrict__ acc, const float* __restrict__ shared, int64_t n,
                                  float* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t < n) out[t] = round_bf16(__fadd_rn(acc[t], shared[t]));
 }
@@ -56,26 +61,27 @@ __global__ void add_round_kernel(const float* __restrict__ acc, const float* __r
 
 void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t d, float* dst) {
   if (n * d == 0) return;
-  gather_rows_kernel<<<blocks_for(n * d, kThreads), kThreads>>>(src, rows, n, d, dst);
+  ::di::cuda::launch(gather_rows_kernel, blocks_for(n * d, kThreads), kThreads, 0, src, rows, n, d, dst);
   DI_CUDA_LAUNCH_CHECK();
 }
 
 void swiglu(float* gate, const float* up, int64_t n, int64_t inter, const float* route_w, const int32_t* slots,
             float limit) {
   if (n * inter == 0) return;
-  swiglu_kernel<<<blocks_for(n * inter, kThreads), kThreads>>>(gate, up, n, inter, route_w, slots, limit);
+  ::di::cuda::launch(swiglu_kernel, blocks_for(n * inter, kThreads), kThreads, 0, gate, up, n, inter, route_w, slots,
+                     limit);
   DI_CUDA_LAUNCH_CHECK();
 }
 
 void scatter_add_rows(float* acc, const float* y, const int32_t* rows, int64_t n, int64_t d) {
   if (n * d == 0) return;
-  scatter_add_kernel<<<blocks_for(n * d, kThreads), kThreads>>>(acc, y, rows, n, d);
+  ::di::cuda::launch(scatter_add_kernel, blocks_for(n * d, kThreads), kThreads, 0, acc, y, rows, n, d);
   DI_CUDA_LAUNCH_CHECK();
 }
 
 void add_round_bf16(const float* acc, const float* shared, int64_t n, float* out) {
   if (n == 0) return;
-  add_round_kernel<<<blocks_for(n, kThreads), kThreads>>>(acc, shared, n, out);
+  ::di::cuda::launch(add_round_kernel, blocks_for(n, kThreads), kThreads, 0, acc, shared, n, out);
   DI_CUDA_LAUNCH_CHECK();
 }
 

@@ -21,6 +21,7 @@
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/moe_elem.cuh"
 #include "backend/cuda/moe_kernels.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace di::cuda::moe {
 namespace {
@@ -33,6 +34,7 @@ constexpr int kElemThreads = 256;
 // O(n) steps, ~2 us at decode sizes.
 __global__ void __launch_bounds__(kListThreads)
     route_lists_kernel(const int32_t* __restrict__ experts, int n, int k, int n_exp, RouteLists l) {
+  ::di::cuda::grid_dependency_wait();
   extern __shared__ int32_t sm[];
   int32_t* cnt = sm;           // [E]
   int32_t* off = sm + n_exp;   // [E]
@@ -118,7 +120,8 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     grouped_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, const int32_t* __restrict__ act_row_of,
                        RouteLists l, GroupedMat m0, GroupedMat m1, int row_ctas, int N, int K, int n_rows,
                        int kb_per_split, int inline_splits, float* __restrict__ partial,
-                       unsigned* __restrict__ counters) {
+                       unsigned* __restrict__ counters, int prefetch_stages) {
+  ::di::cuda::grid_dependency_wait();
   using namespace mma;
   const int slot = blockIdx.z;
   if (slot >= *l.n_active) return;  // the whole CTA (and its split siblings) leave
@@ -141,14 +144,15 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
       for (int sp = 0; sp < inline_splits; ++sp) {
         float sum_part[2][NT][4] = {};
         const int ikb0 = sp * kb_per_split, ikb1 = min(nb, ikb0 + kb_per_split);
-        cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, ikb0, ikb1, src, count, act_row, sum_part);
+        cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, ikb0, ikb1, src, count, act_row, sum_part,
+                                    prefetch_stages);
         add_split(acc, sum_part);
       }
       for_each_acc(acc, row0, N, count,
                    [&](int r, int t, float v) { m.y[static_cast<int64_t>(pc + t) * N + r] = dq::round_bf16(v); });
       continue;
     }
-    cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, kb0, kb1, src, count, act_row, acc);
+    cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, kb0, kb1, src, count, act_row, acc, prefetch_stages);
     if (splits == 1)
       for_each_acc(acc, row0, N, count,
                    [&](int r, int t, float v) { m.y[static_cast<int64_t>(pc + t) * N + r] = dq::round_bf16(v); });
@@ -172,6 +176,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
 __global__ void swiglu_quant_kernel(const float* __restrict__ gate, const float* __restrict__ up, RouteLists l,
                                     int n_exp, const float* __restrict__ route_w, int n_rows, int inter, float limit,
                                     uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t blk = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int nbk = inter / 32;
   const int64_t p = blk / nbk;
@@ -193,6 +198,7 @@ __global__ void swiglu_quant_kernel(const float* __restrict__ gate, const float*
 // out[t, c] = bf16(sum of down[p, c] over t's entries in expert-id order (from 0), + shared[t, c]).
 __global__ void combine_kernel(const float* __restrict__ down, const int32_t* __restrict__ order, int k,
                                const float* __restrict__ shared, int64_t s, int64_t d, float* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= s * d) return;
   const int64_t t = i / d, c = i % d;
@@ -228,9 +234,9 @@ void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat
   const int64_t partial_bytes = static_cast<int64_t>(mats) * plan.splits * a.n_rows * a.N * 4;
   if (!bi::splits_on_ctas(mode.invariant, tiles * slots, plan.splits, capacity, partial_bytes)) {
     const dim3 grid(static_cast<unsigned>(tiles), 1u, static_cast<unsigned>(slots));
-    grouped_fp4_kernel<NT, true><<<grid, mma::kThreads>>>(a.xc, a.xs, a.act_row_of, a.lists, m0, m1, a.row_ctas, a.N,
-                                                          a.K, a.n_rows, plan.kb_per_split, plan.splits, nullptr,
-                                                          nullptr);
+    ::di::cuda::launch(grouped_fp4_kernel<NT, true>, grid, mma::kThreads, 0, a.xc, a.xs, a.act_row_of, a.lists, m0, m1,
+                       a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, plan.splits, nullptr, nullptr,
+                       dense::weight_prefetch_stages());
     DI_CUDA_LAUNCH_CHECK();
     return;
   }
@@ -241,8 +247,9 @@ void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat
     counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(mats) * a.row_ctas * slots);
   }
   const dim3 grid(static_cast<unsigned>(mats * a.row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(slots));
-  grouped_fp4_kernel<NT, false><<<grid, mma::kThreads>>>(a.xc, a.xs, a.act_row_of, a.lists, m0, m1, a.row_ctas, a.N,
-                                                         a.K, a.n_rows, plan.kb_per_split, 1, partial, counters);
+  ::di::cuda::launch(grouped_fp4_kernel<NT, false>, grid, mma::kThreads, 0, a.xc, a.xs, a.act_row_of, a.lists, m0, m1,
+                     a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, 1, partial, counters,
+                     dense::weight_prefetch_stages());
   DI_CUDA_LAUNCH_CHECK();
 }
 
@@ -252,7 +259,8 @@ void route_lists(const int32_t* experts, int64_t s, int k, int64_t n_exp, const 
   DI_CHECK_MSG(k >= 1 && k <= kMaxTopK, "moe_experts: top_k out of range");
   const size_t smem = static_cast<size_t>(2 * n_exp) * sizeof(int32_t);
   DI_CHECK_MSG(smem <= 48 * 1024 && s * k < (1LL << 31), "moe_experts: too many experts or entries");
-  route_lists_kernel<<<1, kListThreads, smem>>>(experts, static_cast<int>(s * k), k, static_cast<int>(n_exp), l);
+  ::di::cuda::launch(route_lists_kernel, 1, kListThreads, smem, experts, static_cast<int>(s * k), k,
+                     static_cast<int>(n_exp), l);
   DI_CUDA_LAUNCH_CHECK();
 }
 
@@ -273,15 +281,16 @@ void swiglu_quant(const float* gate, const float* up, const RouteLists& l, int64
   DI_CHECK_MSG(inter % 32 == 0, "moe_experts: the expert width must be divisible by 32");
   const int64_t warps = n_rows * (inter / 32);
   if (warps == 0) return;
-  swiglu_quant_kernel<<<blocks_for(warps * 32, kElemThreads), kElemThreads>>>(
-      gate, up, l, static_cast<int>(n_exp), route_w, static_cast<int>(n_rows), static_cast<int>(inter), limit, codes,
-      scales);
+  ::di::cuda::launch(swiglu_quant_kernel, blocks_for(warps * 32, kElemThreads), kElemThreads, 0, gate, up, l,
+                     static_cast<int>(n_exp), route_w, static_cast<int>(n_rows), static_cast<int>(inter), limit, codes,
+                     scales);
   DI_CUDA_LAUNCH_CHECK();
 }
 
 void combine(const float* down, const int32_t* order, int k, const float* shared, int64_t s, int64_t d, float* out) {
   if (s * d == 0) return;
-  combine_kernel<<<blocks_for(s * d, kElemThreads), kElemThreads>>>(down, order, k, shared, s, d, out);
+  ::di::cuda::launch(combine_kernel, blocks_for(s * d, kElemThreads), kElemThreads, 0, down, order, k, shared, s, d,
+                     out);
   DI_CUDA_LAUNCH_CHECK();
 }
 

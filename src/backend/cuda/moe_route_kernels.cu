@@ -6,6 +6,7 @@
 
 #include "backend/cuda/moe_elem.cuh"
 #include "backend/cuda/moe_kernels.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace di::cuda::moe {
 namespace {
@@ -31,6 +32,7 @@ __device__ __forceinline__ double dot2_bf16(float a, float b, uint32_t w) {
 template <ElemType T, bool kVec8>
 __global__ void router_logits_kernel(const float* __restrict__ x, const uint8_t* __restrict__ gate, int64_t s,
                                      int64_t n_exp, int64_t d, float* __restrict__ logits) {
+  ::di::cuda::grid_dependency_wait();
   const int lane = threadIdx.x & 31;
   const int64_t e = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (e >= n_exp) return;
@@ -77,6 +79,7 @@ __global__ void __launch_bounds__(kSelThreads)
     router_select_kernel(const float* __restrict__ logits, const uint8_t* __restrict__ bias, ElemType bias_type,
                          int n_exp, int top_k, float route_scale, float gate_temp, float* __restrict__ weights,
                          int32_t* __restrict__ experts) {
+  ::di::cuda::grid_dependency_wait();
   __shared__ float sc[kMaxRouted], biased[kMaxRouted];
   const int64_t r = blockIdx.x;
   constexpr int kPer = kMaxRouted / kSelThreads;
@@ -140,9 +143,9 @@ void launch_logits(const float* x, const uint8_t* gate, int64_t s, int64_t e, in
   const bool vec = T == ElemType::kBf16 && d % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(gate) % 16 == 0;
   if (vec)
-    router_logits_kernel<T, true><<<grid, kWarps * 32>>>(x, gate, s, e, d, logits);
+    ::di::cuda::launch(router_logits_kernel<T, true>, grid, kWarps * 32, 0, x, gate, s, e, d, logits);
   else
-    router_logits_kernel<T, false><<<grid, kWarps * 32>>>(x, gate, s, e, d, logits);
+    ::di::cuda::launch(router_logits_kernel<T, false>, grid, kWarps * 32, 0, x, gate, s, e, d, logits);
   DI_CUDA_LAUNCH_CHECK();
 }
 
@@ -166,8 +169,8 @@ void router_select(const float* logits, const uint8_t* bias, DType bias_dtype, i
   DI_CHECK_MSG(e <= kMaxRouted, "moe_route: " + std::to_string(e) + " routed experts, the selection kernel takes at most " +
                                     std::to_string(kMaxRouted));
   DI_CHECK_MSG(s <= 0x7fffffff, "moe_route: too many rows");
-  router_select_kernel<<<static_cast<unsigned>(s), kSelThreads>>>(logits, bias, bt, static_cast<int>(e), top_k, route_scale,
-                                                                  gate_temp, weights, experts);
+  ::di::cuda::launch(router_select_kernel, static_cast<unsigned>(s), kSelThreads, 0, logits, bias, bt,
+                     static_cast<int>(e), top_k, route_scale, gate_temp, weights, experts);
   DI_CUDA_LAUNCH_CHECK();
 }
 

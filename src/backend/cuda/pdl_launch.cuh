@@ -1,0 +1,54 @@
+// Kernel launches with programmatic dependent launch (PDL, sm_90): a kernel may be scheduled while the
+// one before it on the stream is still finishing, and waits in `grid_dependency_wait()` until that
+// one has completed and its writes are visible. At batch 1 a decode layer is ~40 short kernels, and
+// each boundary otherwise costs the next kernel's launch and CTA start-up after the previous drains.
+//
+// The rule that makes it safe: every kernel launched through `launch` calls `grid_dependency_wait()`
+// before it reads or writes global memory (tests/unit/pdl_kernels_test checks the sources). A kernel
+// after a non-PDL launch, a copy or an event is ordered by the stream as before.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string_view>
+#include <utility>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace di::cuda {
+
+// First statement of every kernel: waits for the previous kernel of the stream (a no-op when this one
+// was launched without PDL), then lets the next kernel be scheduled. The next one waits for this
+// whole grid in turn, so releasing it early only overlaps its launch with this grid's last wave.
+__device__ __forceinline__ void grid_dependency_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// Whether launches carry the PDL attribute: yes unless DEEPINFER_PDL=0 (for measuring).
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("DEEPINFER_PDL");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem>>>(args...) on the default stream, with the PDL attribute.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = 0;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace di::cuda
