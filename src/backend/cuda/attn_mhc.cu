@@ -70,6 +70,15 @@ __global__ void hc_mixes_dots_kernel(const float* __restrict__ x, int64_t n, int
   }
 }
 
+// hc_mixes_finish_kernel's first statement. x was written before the dots kernel that this one
+// follows, and under PDL that kernel released this one only after its own wait: x is complete here,
+// so the row's sum of squares runs before the wait for the dots' partials.
+__device__ __forceinline__ float sum_squares_then_wait(const float* __restrict__ x, int64_t n) {
+  const float ss = cuda::block_sum_squares_exact<kFinThreads>(x, n);
+  ::di::cuda::grid_dependency_wait();
+  return ss;
+}
+
 // Stage 2, one CTA per row: the row's mean square in cpu::sum_squares' exact fp32 order, rs = 1 /
 // sqrt(ss / n + eps) (here rather than in CTAs of stage 1: there, beside the dot CTAs, it made the
 // dots kernel 42 -> 91 us at batch 64); the chunk sums in chunk order (fp64); then the fp32 epilogue
@@ -80,14 +89,13 @@ __global__ void __launch_bounds__(kFinThreads)
     hc_mixes_finish_kernel(const double* __restrict__ part, const float* __restrict__ x, int64_t n, float norm_eps,
                            int splits, int hc, const uint8_t* scale, WType scale_t, const uint8_t* base,
                            WType base_t, int sinkhorn_iters, float hc_eps, float* __restrict__ out) {
-  ::di::cuda::grid_dependency_wait();
+  const float ss = sum_squares_then_wait(x + blockIdx.x * n, n);
   const int mix = (2 + hc) * hc;
   const int64_t r = blockIdx.x;
   const int t = threadIdx.x;
   __shared__ float m[(2 + kMaxHc) * kMaxHc];
   __shared__ float comb[kMaxHc * kMaxHc];
   __shared__ double staged[kFinStage];
-  const float ss = cuda::block_sum_squares_exact<kFinThreads>(x + r * n, n);
   const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), norm_eps)));
   // The chunk sums in chunk order. The row's partials come through shared memory, a stage at a time
   // with every load in flight (summing straight from global memory was a round trip per chunk).

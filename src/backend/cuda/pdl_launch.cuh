@@ -4,7 +4,10 @@
 // each boundary otherwise costs the next kernel's launch and CTA start-up after the previous drains.
 //
 // The rule that makes it safe: every kernel launched through `launch` calls `grid_dependency_wait()`
-// before it reads or writes global memory (tests/unit/pdl_kernels_test checks the sources). A kernel
+// before it writes global memory or reads what the kernel just before it wrote; its first statement
+// is the wait or a `*_then_wait` function (tests/unit/pdl_kernels_test checks the sources). Before
+// the wait a kernel may read weights (never written) and data written two or more kernels back: each
+// kernel releases its dependents only after its own wait, so those writers have completed. A kernel
 // after a non-PDL launch, a copy or an event is ordered by the stream as before.
 #pragma once
 
