@@ -21,7 +21,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/batch_invariance.cuh"
@@ -82,11 +81,8 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     quantized_linear_kernel(mma::ActSource src, int M, const uint8_t* __restrict__ w,
                             const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int kb_per_split,
                             int inline_splits, bool fixup, float* __restrict__ partial,
-                            unsigned* __restrict__ counters, float* __restrict__ y, int prefetch_stages) {
-  mma::prefetch_weights_then_wait<F, NT>(w, N, K, blockIdx.x * mma::kCtaRows + (threadIdx.x >> 5) * mma::kWarpRows,
-                                         kInlineSplits ? 0 : blockIdx.y * kb_per_split,
-                                         min(K / 32, (kInlineSplits ? 0 : blockIdx.y * kb_per_split) + kb_per_split),
-                                         prefetch_stages);
+                            unsigned* __restrict__ counters, float* __restrict__ y) {
+  ::di::cuda::grid_dependency_wait();
   using namespace mma;
   const int warp = threadIdx.x >> 5;
   const int row0 = blockIdx.x * kCtaRows + warp * kWarpRows;
@@ -98,8 +94,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     for (int sp = 0; sp < inline_splits; ++sp) {
       float part[2][NT][4] = {};
       const int kb0 = sp * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
-      cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, part,
-                      prefetch_stages);
+      cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, part);
       add_split(acc, part);
     }
     for_each_acc(acc, row0, N, count,
@@ -107,7 +102,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     return;
   }
   const int kb0 = split * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
-  cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, acc, prefetch_stages);
+  cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, acc);
   if (splits == 1) {
     for_each_acc(acc, row0, N, count,
                  [&](int r, int t, float v) { y[static_cast<int64_t>(t0 + t) * N + r] = dq::round_bf16(v); });
@@ -166,7 +161,7 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
     const dim3 grid(static_cast<unsigned>(row_ctas), 1u, static_cast<unsigned>(chunks));
     ::di::cuda::launch(quantized_linear_kernel<F, NT, true>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
                        wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split,
-                       plan.splits, false, nullptr, nullptr, y, weight_prefetch_stages());
+                       plan.splits, false, nullptr, nullptr, y);
     DI_CUDA_LAUNCH_CHECK();
     return;
   }
@@ -180,7 +175,7 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
   const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(chunks));
   ::di::cuda::launch(quantized_linear_kernel<F, NT, false>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
                      wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split, 1, fixup,
-                     partial, counters, y, weight_prefetch_stages());
+                     partial, counters, y);
   DI_CUDA_LAUNCH_CHECK();
   if (plan.splits > 1 && !fixup) {
     reduce_splits(partial, plan.splits, M * N, true, y);
@@ -392,14 +387,6 @@ int sm_count() {
 }
 
 }  // namespace
-
-int weight_prefetch_stages() {
-  static const int stages = [] {
-    const char* v = std::getenv("DEEPINFER_L2_PREFETCH");
-    return v != nullptr ? std::clamp(std::atoi(v), 0, 16) : 2;
-  }();
-  return stages;
-}
 
 void reduce_splits(const float* partial, int splits, int64_t n, bool bf16_out, float* y) {
   if (n == 0) return;

@@ -32,10 +32,6 @@ SplitPlan plan_split(int64_t tiles, int64_t nb, int nt, int64_t capacity, int wa
 // bf16_out): the split-K fix-up of the GEMM kernels.
 void reduce_splits(const float* partial, int splits, int64_t n, bool bf16_out, float* y);
 
-// Weight-stream stages the quantized GEMM kernels prefetch into L2 ahead of their register pipeline
-// (mma::prefetch_stage; 0: none). DEEPINFER_L2_PREFETCH overrides it, for measuring.
-int weight_prefetch_stages();
-
 // n8 token tiles per warp for up to `tokens` tokens per tile (1, 2, 4 or 8).
 int nt_for(int64_t tokens);
 

@@ -28,7 +28,6 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
-#include "backend/cuda/pdl_launch.cuh"
 
 namespace di::cuda::mma {
 
@@ -59,10 +58,6 @@ __device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
       : "l"(p));
   return v;
 }
-
-// L2 prefetch (no register, no wait): deepens the weight stream beyond the register pipeline's stage
-// in flight. Weights are never written, so this is safe anywhere, before griddepcontrol.wait too.
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // Asynchronous global -> shared copies (Ampere cp.async): the activation chunk's loads are all in
 // flight at once and waited for once, instead of one load -> store round trip per element.
@@ -126,26 +121,6 @@ __device__ __forceinline__ void warp_rows(const uint8_t* w, int row0, int N, int
     }
 }
 
-// Prefetches into L2 the weight bytes of K blocks kb .. kb + U - 1 (below kb1) of the lane's rows of the
-// 32-row warp tile at row0: FP8 rows, lane q of each row group one 32-byte block (U <= 4); tiled MXFP4,
-// U x 512 contiguous bytes per tile, U x 16 per lane.
-template <WFmt F, int U>
-__device__ __forceinline__ void prefetch_stage(const uint8_t* (&wr)[2][2], bool (&ok)[2][2],
-                                               const uint8_t* tile_base, int kb, int kb1) {
-  const int lane = threadIdx.x & 31;
-  if constexpr (F == WFmt::kFp8Block) {
-    const int k = kb + (lane & 3) % U;
-    if (k >= kb1) return;
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (ok[mt][h]) prefetch_l2(wr[mt][h] + k * 32);
-  } else {
-    if (kb + lane * U / 32 < kb1) prefetch_l2(tile_base + static_cast<int64_t>(kb) * 512 + lane * U * 16);
-  }
-}
-
 // Per token-tile width: K blocks of activation staged in shared memory at a time (codes row stride
 // = 32 mod 128 bytes, so a warp's 8-byte B-fragment reads are conflict-free), and K blocks of weight
 // per register pipeline stage (two stages: the next one loads while this one computes).
@@ -158,21 +133,6 @@ struct TileShape {
 };
 template <WFmt F, int NT>
 inline constexpr int kStageBlocks = F == WFmt::kFp8Block ? (NT <= 2 ? 4 : 2) : (NT <= 2 ? 8 : 4);
-
-// A dense GEMM kernel's first statement: the first `stages` + 1 stages of the warp's weight slice (K
-// blocks from kb0) into L2, then the wait for the previous kernel (pdl_launch.cuh). The weights do
-// not depend on that kernel, so under PDL their stream starts while it finishes.
-template <WFmt F, int NT>
-__device__ __forceinline__ void prefetch_weights_then_wait(const uint8_t* w, int N, int K, int row0, int kb0, int kb1,
-                                                           int stages) {
-  constexpr int U = kStageBlocks<F, NT>;
-  const uint8_t* wr[2][2];
-  bool ok[2][2];
-  warp_rows(w, row0, N, K, 0, wr, ok);
-  const uint8_t* tile_base = w + static_cast<int64_t>(row0 < N ? row0 / 32 : 0) * (K / 32) * 512;
-  for (int s = 0; s <= stages; ++s) prefetch_stage<F, U>(wr, ok, tile_base, kb0 + s * U, kb1);
-  ::di::cuda::grid_dependency_wait();
-}
 
 // The tile's activation: pre-quantized E4M3 codes [*, K] and scales [*, K/32] (xc, xs), or fp32 rows
 // (x) that the tile quantizes itself while staging (bit-exact with dense::quantize_activation).
@@ -196,7 +156,7 @@ template <WFmt F, int NT, class ActRow>
 __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const uint8_t* __restrict__ wscale,
                                          int64_t scale_cols, int N, int K, int row0, int kb0, int kb1,
                                          const ActSource& src, int count, const ActRow& act_row,
-                                         float (&acc)[2][NT][4], int prefetch_stages) {
+                                         float (&acc)[2][NT][4]) {
   using Shape = TileShape<NT>;
   constexpr int C = Shape::kChunk, S = Shape::kCodeStride, SS = Shape::kScaleStride;
   constexpr int U = kStageBlocks<F, NT>;
@@ -253,10 +213,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   if (threadIdx.x < rows_pad) srow[threadIdx.x] = threadIdx.x < count ? act_row(threadIdx.x) : -1;
   uint32_t cur[U][2][2][W], nxt[U][2][2][W] = {};
   uint32_t cur_s[SW], nxt_s[SW] = {};
-  const uint8_t* const tile_base = w4 - lane * 16;
   load(cur, cur_s, kb0);  // in flight while the first activation chunk is staged
-  // the stages after the next one, `prefetch_stages` deep, into L2
-  for (int s = 2; s <= prefetch_stages + 1; ++s) prefetch_stage<F, U>(wr, ok, tile_base, kb0 + s * U, kb1);
   for (int kc = kb0; kc < kb1; kc += C) {
     const int nkc = min(C, kb1 - kc);
     __syncthreads();  // the previous chunk's readers are done (and srow is written)
@@ -305,7 +262,6 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
     __syncthreads();
     for (int kb = kc; kb < kc + nkc; kb += U) {
       if (kb + U < kb1) load(nxt, nxt_s, kb + U);
-      if (prefetch_stages > 0) prefetch_stage<F, U>(wr, ok, tile_base, kb + (prefetch_stages + 1) * U, kb1);
       // this lane's activation codes and scales of the stage's first block (per block, per token
       // tile: constant offsets)
       const uint8_t* xs_lane = sx + g * S + (kb - kc) * 32 + 8 * q;

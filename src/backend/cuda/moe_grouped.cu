@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     grouped_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, const int32_t* __restrict__ act_row_of,
                        RouteLists l, GroupedMat m0, GroupedMat m1, int row_ctas, int N, int K, int n_rows,
                        int kb_per_split, int inline_splits, float* __restrict__ partial,
-                       unsigned* __restrict__ counters, int prefetch_stages) {
+                       unsigned* __restrict__ counters) {
   ::di::cuda::grid_dependency_wait();
   using namespace mma;
   const int slot = blockIdx.z;
@@ -144,15 +144,14 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
       for (int sp = 0; sp < inline_splits; ++sp) {
         float sum_part[2][NT][4] = {};
         const int ikb0 = sp * kb_per_split, ikb1 = min(nb, ikb0 + kb_per_split);
-        cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, ikb0, ikb1, src, count, act_row, sum_part,
-                                    prefetch_stages);
+        cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, ikb0, ikb1, src, count, act_row, sum_part);
         add_split(acc, sum_part);
       }
       for_each_acc(acc, row0, N, count,
                    [&](int r, int t, float v) { m.y[static_cast<int64_t>(pc + t) * N + r] = dq::round_bf16(v); });
       continue;
     }
-    cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, kb0, kb1, src, count, act_row, acc, prefetch_stages);
+    cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, kb0, kb1, src, count, act_row, acc);
     if (splits == 1)
       for_each_acc(acc, row0, N, count,
                    [&](int r, int t, float v) { m.y[static_cast<int64_t>(pc + t) * N + r] = dq::round_bf16(v); });
@@ -235,8 +234,7 @@ void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat
   if (!bi::splits_on_ctas(mode.invariant, tiles * slots, plan.splits, capacity, partial_bytes)) {
     const dim3 grid(static_cast<unsigned>(tiles), 1u, static_cast<unsigned>(slots));
     ::di::cuda::launch(grouped_fp4_kernel<NT, true>, grid, mma::kThreads, 0, a.xc, a.xs, a.act_row_of, a.lists, m0, m1,
-                       a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, plan.splits, nullptr, nullptr,
-                       dense::weight_prefetch_stages());
+                       a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, plan.splits, nullptr, nullptr);
     DI_CUDA_LAUNCH_CHECK();
     return;
   }
@@ -248,8 +246,7 @@ void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat
   }
   const dim3 grid(static_cast<unsigned>(mats * a.row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(slots));
   ::di::cuda::launch(grouped_fp4_kernel<NT, false>, grid, mma::kThreads, 0, a.xc, a.xs, a.act_row_of, a.lists, m0, m1,
-                     a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, 1, partial, counters,
-                     dense::weight_prefetch_stages());
+                     a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, 1, partial, counters);
   DI_CUDA_LAUNCH_CHECK();
 }
 
