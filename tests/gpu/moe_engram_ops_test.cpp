@@ -70,6 +70,14 @@ TEST_F(MoeEngramOps, RouteMatchesCpu) {
       for (int64_t rows : {1, 7, 40}) check_route(*this, *cpu, *gpu, rng(), n_exp, top_k, rows, 1.0f, 1.5f);
 }
 
+// V4.1's router shape (hidden 5120, 384 experts, top 6): the logits kernel that keeps the gate in
+// registers and stages rows of x; row counts past one staged group, a partial group, and an expert
+// count that leaves warps of the last CTA without an expert.
+TEST_F(MoeEngramOps, RouteAtModelWidth) {
+  for (int64_t rows : {1, 5, 64, 203}) check_route(*this, *cpu, *gpu, rng(), 384, 6, rows, 1.0f, 2.5f, 5120);
+  check_route(*this, *cpu, *gpu, rng(), 20, 6, 9, 1.0f, 2.5f, 5120);
+}
+
 TEST_F(MoeEngramOps, RouteEdgeCases) {
   check_route(*this, *cpu, *gpu, rng(), 8, 1, 7, 1.0f, 2.5f);     // top_k 1: no renormalisation
   check_route(*this, *cpu, *gpu, rng(), 16, 6, 40, 0.04f, 1.0f);  // logits / temp past softplus' threshold 20
