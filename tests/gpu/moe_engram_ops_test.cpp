@@ -70,9 +70,8 @@ TEST_F(MoeEngramOps, RouteMatchesCpu) {
       for (int64_t rows : {1, 7, 40}) check_route(*this, *cpu, *gpu, rng(), n_exp, top_k, rows, 1.0f, 1.5f);
 }
 
-// V4.1's router shape (hidden 5120, 384 experts, top 6): the logits kernel that keeps the gate in
-// registers and stages rows of x; row counts past one staged group, a partial group, and an expert
-// count that leaves warps of the last CTA without an expert.
+// V4.1's router shape (hidden 5120, 384 experts, top 6; the bf16 gate's 16-byte path), at 1 to 203
+// rows, and an expert count that leaves warps of the last CTA without an expert.
 TEST_F(MoeEngramOps, RouteAtModelWidth) {
   for (int64_t rows : {1, 5, 64, 203}) check_route(*this, *cpu, *gpu, rng(), 384, 6, rows, 1.0f, 2.5f, 5120);
   check_route(*this, *cpu, *gpu, rng(), 20, 6, 9, 1.0f, 2.5f, 5120);

@@ -48,77 +48,9 @@ __device__ __forceinline__ void ldmatrix_b_trans(const __nv_bfloat16* row_ptr, u
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr));
 }
 
-// The raw bytes of 8 elements of a key row (f32: 32 bytes; FP8: 8 codes + the scale byte; FP4: 4
-// bytes of codes + the scale byte), loaded in a first pass so that a thread's loads are all in flight
-// before the first conversion (one load round trip per 8 elements was the staging's latency).
-struct KeyChunk {
-  uint4 a, b;
-  uint32_t scale;
-};
-
-__device__ __forceinline__ KeyChunk load_key_chunk(const AttnKeys& keys, int id, int dh, int c) {
-  KeyChunk k{};
-  if (id < 0) return k;
-  if (id < keys.n_kv || keys.packed == nullptr) {
-    const float* row = id < keys.n_kv ? keys.kv + static_cast<int64_t>(id) * dh : keys.more + (id - keys.n_kv) * dh;
-    k.a = __ldg(reinterpret_cast<const uint4*>(row + 8 * c));
-    k.b = __ldg(reinterpret_cast<const uint4*>(row + 8 * c) + 1);
-    return k;
-  }
-  const uint8_t* row = keys.packed + (id - keys.n_kv) * keys.packed_row_bytes;
-  if (keys.fmt == RowFormat::kFp8Ue8m0) {
-    if (reinterpret_cast<uintptr_t>(row) % 8 == 0) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + 8 * c));
-      k.a.x = v.x, k.a.y = v.y;
-    } else {  // rows of other widths: bytes
-#pragma unroll
-      for (int i = 0; i < 8; ++i) (i < 4 ? k.a.x : k.a.y) |= static_cast<uint32_t>(row[8 * c + i]) << (8 * (i % 4));
-    }
-    k.scale = row[dh + 8 * c / 32];
-  } else if (keys.fmt == RowFormat::kFp4E4m3) {
-    if (reinterpret_cast<uintptr_t>(row) % 4 == 0) {
-      k.a.x = __ldg(reinterpret_cast<const uint32_t*>(row + 4 * c));
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) k.a.x |= static_cast<uint32_t>(row[4 * c + i]) << (8 * i);
-    }
-    k.scale = row[dh / 2 + 8 * c / 16];
-  }
-  return k;
-}
-
-// The 8 values of a loaded chunk as unpack_rows gives them, packed as bf16 (exact: bf16 values).
-__device__ __forceinline__ uint4 key_chunk_bf16(const AttnKeys& keys, int id, int dh, int c, const KeyChunk& k) {
-  float v[8];
-  if (id < 0) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-  } else if (id < keys.n_kv || keys.packed == nullptr) {
-    v[0] = __uint_as_float(k.a.x), v[1] = __uint_as_float(k.a.y), v[2] = __uint_as_float(k.a.z);
-    v[3] = __uint_as_float(k.a.w), v[4] = __uint_as_float(k.b.x), v[5] = __uint_as_float(k.b.y);
-    v[6] = __uint_as_float(k.b.z), v[7] = __uint_as_float(k.b.w);
-  } else if (keys.fmt == RowFormat::kFp8Ue8m0) {  // bf16(e4m3 x e8m0)
-    const float s = e8m0_to_float(static_cast<uint8_t>(k.scale));
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      v[i] = dq::round_bf16(__fmul_rn(e4m3_to_float(static_cast<uint8_t>((i < 4 ? k.a.x : k.a.y) >> (8 * (i % 4)))), s));
-  } else if (keys.fmt == RowFormat::kFp4E4m3) {  // bf16(e2m1 x e4m3), even element in the low nibble
-    const float s = e4m3_to_float(static_cast<uint8_t>(k.scale));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = dq::round_bf16(__fmul_rn(dq::e2m1_to_float_fast((k.a.x >> (4 * i)) & 15u), s));
-  } else {
-    const uint8_t* row = keys.packed + (id - keys.n_kv) * keys.packed_row_bytes;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = packed_at(row, keys.fmt, dh, 8 * c + i);
-  }
-  return make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
-}
-
-constexpr int kStageBatch = 2;  // chunks per thread whose loads are in flight together
-
 // Block `blk` of row r's list: ids[j] (-1 past the list, for -1 and for out-of-range ids; staged
 // when stage_ids), then columns [col0, col0 + cols) of the key rows as bf16 into tile [64][st]
-// (zeros for -1), 8 elements per chunk.
+// (zeros for -1), 8 elements per thread step.
 __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx, int64_t r, int64_t len, int64_t blk,
                            int dh, int col0, int cols, int st, bool stage_ids, int32_t* ids, __nv_bfloat16* tile) {
   if (stage_ids) {
@@ -129,21 +61,51 @@ __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx
     }
     __syncthreads();
   }
-  const int chunks = cols / 8, total = kBlock * chunks;
-  for (int e0 = threadIdx.x; e0 < total; e0 += kThreads * kStageBatch) {
-    KeyChunk k[kStageBatch];
+  const int chunks = cols / 8;
+  for (int e = threadIdx.x; e < kBlock * chunks; e += kThreads) {
+    const int j = e / chunks, tc = e % chunks, c = col0 / 8 + tc, id = ids[j];
+    float v[8];
+    if (id < 0) {
 #pragma unroll
-    for (int b = 0; b < kStageBatch; ++b) {
-      const int e = e0 + b * kThreads;
-      if (e < total) k[b] = load_key_chunk(keys, ids[e / chunks], dh, col0 / 8 + e % chunks);
-    }
+      for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    } else if (id < keys.n_kv || keys.packed == nullptr) {
+      const float* row = id < keys.n_kv ? keys.kv + static_cast<int64_t>(id) * dh : keys.more + (id - keys.n_kv) * dh;
+      const float4 a = __ldg(reinterpret_cast<const float4*>(row + 8 * c));
+      const float4 b = __ldg(reinterpret_cast<const float4*>(row + 8 * c) + 1);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+      const uint8_t* row = keys.packed + (id - keys.n_kv) * keys.packed_row_bytes;
+      if (keys.fmt == RowFormat::kFp8Ue8m0) {  // unpack_rows' values: bf16(e4m3 x e8m0)
+        uint2 codes;
+        if (reinterpret_cast<uintptr_t>(row) % 8 == 0) {
+          codes = __ldg(reinterpret_cast<const uint2*>(row + 8 * c));
+        } else {  // rows of other widths: bytes
+          codes = make_uint2(0u, 0u);
 #pragma unroll
-    for (int b = 0; b < kStageBatch; ++b) {
-      const int e = e0 + b * kThreads;
-      if (e >= total) break;
-      const int j = e / chunks, tc = e % chunks;
-      *reinterpret_cast<uint4*>(tile + j * st + 8 * tc) = key_chunk_bf16(keys, ids[j], dh, col0 / 8 + tc, k[b]);
+          for (int i = 0; i < 8; ++i) (i < 4 ? codes.x : codes.y) |= static_cast<uint32_t>(row[8 * c + i]) << (8 * (i % 4));
+        }
+        const float s = e8m0_to_float(row[dh + 8 * c / 32]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          v[i] = dq::round_bf16(__fmul_rn(e4m3_to_float(static_cast<uint8_t>((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)))), s));
+      } else if (keys.fmt == RowFormat::kFp4E4m3) {  // bf16(e2m1 x e4m3), even element in the low nibble
+        uint32_t codes = 0;
+        if (reinterpret_cast<uintptr_t>(row) % 4 == 0) {
+          codes = __ldg(reinterpret_cast<const uint32_t*>(row + 4 * c));
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) codes |= static_cast<uint32_t>(row[4 * c + i]) << (8 * i);
+        }
+        const float s = e4m3_to_float(row[dh / 2 + 8 * c / 16]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = dq::round_bf16(__fmul_rn(dq::e2m1_to_float_fast((codes >> (4 * i)) & 15u), s));
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = packed_at(row, keys.fmt, dh, 8 * c + i);
+      }
     }
+    *reinterpret_cast<uint4*>(tile + j * st + 8 * tc) =
+        make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
   }
 }
 
@@ -151,7 +113,7 @@ __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx
 // 32 (w / 4) .. +32 of the block (four n8 tiles), K = dh in steps of 16. dh is staged kScoreCols
 // columns at a time (queries and keys), so the CTA holds 68 KB of shared memory instead of 133 and
 // three CTAs fit an SM; the K steps still run in order, so the sums are the same.
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads)
     attn_scores_kernel(const float* __restrict__ q, AttnKeys keys, const int32_t* __restrict__ idx, int64_t len,
                        int heads, int dh, float scale, float* __restrict__ scores, float* __restrict__ blk_max) {
   ::di::cuda::grid_dependency_wait();
@@ -170,23 +132,13 @@ __global__ void __launch_bounds__(kThreads, 3)
   for (int col0 = 0; col0 < dh; col0 += kScoreCols) {
     const int cols = min(kScoreCols, dh - col0), chunks = cols / 8;
     if (col0 > 0) __syncthreads();  // the previous columns' MMAs are done with the tiles
-    // the row's queries as bf16, kStageBatch chunks' loads in flight per thread
-    for (int e0 = threadIdx.x; e0 < hn * chunks; e0 += kThreads * kStageBatch) {
-      float4 a[kStageBatch], b[kStageBatch];
-#pragma unroll
-      for (int i = 0; i < kStageBatch; ++i) {
-        const int e = e0 + i * kThreads;
-        if (e >= hn * chunks) break;
-        const float4* p = reinterpret_cast<const float4*>(q + (r * heads + h0 + e / chunks) * dh + col0 + 8 * (e % chunks));
-        a[i] = __ldg(p), b[i] = __ldg(p + 1);
-      }
-#pragma unroll
-      for (int i = 0; i < kStageBatch; ++i) {
-        const int e = e0 + i * kThreads;
-        if (e >= hn * chunks) break;
-        *reinterpret_cast<uint4*>(qs + (e / chunks) * st + 8 * (e % chunks)) = make_uint4(
-            pack_bf16(a[i].x, a[i].y), pack_bf16(a[i].z, a[i].w), pack_bf16(b[i].x, b[i].y), pack_bf16(b[i].z, b[i].w));
-      }
+    // the row's queries as bf16
+    for (int e = threadIdx.x; e < hn * chunks; e += kThreads) {
+      const int h = e / chunks, c = e % chunks;
+      const float4* p = reinterpret_cast<const float4*>(q + (r * heads + h0 + h) * dh + col0 + 8 * c);
+      const float4 a = __ldg(p), b = __ldg(p + 1);
+      *reinterpret_cast<uint4*>(qs + h * st + 8 * c) =
+          make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
     }
     stage_keys(keys, idx, r, len, blk, dh, col0, cols, st, col0 == 0, ids, ks);
     __syncthreads();
@@ -232,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 // Kernel 2, grid (rows, head tiles, blocks): part[r, h, blk] = (sum_j bf16(p_j) v_j [dh], m, l).
 // The values are staged kScoreCols dims at a time (43 KB of shared memory instead of 76); PV: warp w
 // computes heads 16 (w % 4) .. +16 over the staged dims' half w / 4, 64 at a time.
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads)
     attn_values_kernel(AttnKeys keys, const int32_t* __restrict__ idx, int64_t len, int heads, int dh,
                        const float* __restrict__ scores, const float* __restrict__ blk_max, float* __restrict__ part) {
   ::di::cuda::grid_dependency_wait();

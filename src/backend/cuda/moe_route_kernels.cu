@@ -1,13 +1,11 @@
 // MoE router on the GPU: fp32 logits with fp64 accumulation (the CPU's kF32 linear of the gate),
 // then sqrt(softplus) scores, biased top-k selection and renormalised weights, one CTA per row.
-#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <string>
 
 #include "backend/cuda/moe_elem.cuh"
 #include "backend/cuda/moe_kernels.cuh"
-#include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/pdl_launch.cuh"
 
 namespace di::cuda::moe {
@@ -66,65 +64,6 @@ __global__ void router_logits_kernel(const float* __restrict__ x, const uint8_t*
     }
     acc = warp_sum(acc);
     if (lane == 0) logits[r * n_exp + e] = static_cast<float>(acc);
-  }
-}
-
-// The bf16 gate at D = 256 x kSteps (V4.1: 5120), kLogitWarps experts per CTA: the CTA's rows of x
-// pass through shared memory kStagedRows at a time, and each warp holds half of its expert's gate row
-// in registers at a time (kSteps / 2 16-byte words per lane; the whole row took 255 registers and
-// spilled), keeping each lane's running sums of the first half in shared memory. The kernel above
-// reads the gate once per row and x once per warp: 755 MB of L2 traffic at batch 64 (74 us per call).
-// Every lane multiplies and adds its products in that kernel's order, so the logits are the same bits.
-constexpr int kLogitWarps = 8;
-constexpr int kStagedRows = 4;
-
-template <int kSteps>
-__global__ void __launch_bounds__(kLogitWarps * 32, 2)
-    router_logits_staged_kernel(const float* __restrict__ x, const uint8_t* __restrict__ gate, int64_t s,
-                                int64_t n_exp, int rows_per_cta, float* __restrict__ logits) {
-  ::di::cuda::grid_dependency_wait();
-  static_assert(kSteps % 2 == 0, "two halves of the gate row");
-  constexpr int kRowF4 = kSteps * 64;  // float4s per row of x
-  constexpr int kHalf = kSteps / 2;
-  extern __shared__ float4 xs[];  // [kStagedRows, D / 4]
-  __shared__ double running[kLogitWarps][kStagedRows][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * kLogitWarps + warp;
-  const bool has_expert = e < n_exp;
-  const uint4* ge = reinterpret_cast<const uint4*>(gate) + (has_expert ? e : 0) * (kSteps * 32);
-  const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * rows_per_cta;
-  const int64_t r_end = r_begin + rows_per_cta < s ? r_begin + rows_per_cta : s;
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  for (int64_t r0 = r_begin; r0 < r_end; r0 += kStagedRows) {
-    const int nr = static_cast<int>(r_end - r0 < kStagedRows ? r_end - r0 : kStagedRows);
-    __syncthreads();  // the previous rows' readers are done
-    for (int i = threadIdx.x; i < nr * kRowF4; i += kLogitWarps * 32) mma::cp_async16(xs + i, x4 + r0 * kRowF4 + i);
-    mma::cp_async_wait_all();
-    __syncthreads();
-    if (!has_expert) continue;
-    for (int half = 0; half < 2; ++half) {
-      uint4 g[kHalf];  // steps half * kHalf .. of this lane (L1 / L2 after the first row group)
-#pragma unroll
-      for (int j = 0; j < kHalf; ++j) g[j] = ge[lane + 32 * (half * kHalf + j)];
-#pragma unroll 1
-      for (int rr = 0; rr < nr; ++rr) {
-        const float4* xr = xs + rr * kRowF4;
-        double acc = half == 0 ? 0.0 : running[warp][rr][lane];
-#pragma unroll
-        for (int j = 0; j < kHalf; ++j) {
-          const int i = lane + 32 * (half * kHalf + j);
-          const float4 a = xr[2 * i], b = xr[2 * i + 1];
-          acc += dot2_bf16(a.x, a.y, g[j].x) + dot2_bf16(a.z, a.w, g[j].y) + dot2_bf16(b.x, b.y, g[j].z) +
-                 dot2_bf16(b.z, b.w, g[j].w);
-        }
-        if (half == 0) {
-          running[warp][rr][lane] = acc;
-        } else {
-          acc = warp_sum(acc);
-          if (lane == 0) logits[(r0 + rr) * n_exp + e] = static_cast<float>(acc);
-        }
-      }
-    }
   }
 }
 
@@ -197,35 +136,12 @@ __global__ void __launch_bounds__(kSelThreads)
   }
 }
 
-template <int kSteps>
-void launch_staged_logits(const float* x, const uint8_t* gate, int64_t s, int64_t e, float* logits) {
-  const size_t smem = static_cast<size_t>(kStagedRows) * kSteps * 64 * sizeof(float4);
-  static const int sms = [smem] {
-    DI_CUDA_CHECK(cudaFuncSetAttribute(router_logits_staged_kernel<kSteps>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    int dev = 0, n = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&dev));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
-  // Row groups: about two CTAs per SM in all (each group reads the gate from L2).
-  const int64_t expert_ctas = (e + kLogitWarps - 1) / kLogitWarps;
-  const int64_t groups = std::max<int64_t>(
-      1, std::min<int64_t>({(s + kStagedRows - 1) / kStagedRows, 2 * sms / expert_ctas, 65535}));
-  const int rows_per_cta = static_cast<int>((s + groups - 1) / groups);
-  const dim3 grid(static_cast<unsigned>(expert_ctas), static_cast<unsigned>((s + rows_per_cta - 1) / rows_per_cta));
-  ::di::cuda::launch(router_logits_staged_kernel<kSteps>, grid, kLogitWarps * 32, smem, x, gate, s, e, rows_per_cta,
-                     logits);
-  DI_CUDA_LAUNCH_CHECK();
-}
-
 template <ElemType T>
 void launch_logits(const float* x, const uint8_t* gate, int64_t s, int64_t e, int64_t d, float* logits) {
   constexpr int kWarps = 8;
   dim3 grid(static_cast<unsigned>((e + kWarps - 1) / kWarps), static_cast<unsigned>(s < 65535 ? s : 65535));
   const bool vec = T == ElemType::kBf16 && d % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(gate) % 16 == 0;
-  if (vec && d == 5120 && s <= 0x7fffffff) return launch_staged_logits<20>(x, gate, s, e, logits);  // V4.1's hidden size
   if (vec)
     ::di::cuda::launch(router_logits_kernel<T, true>, grid, kWarps * 32, 0, x, gate, s, e, d, logits);
   else
