@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "core/error.h"
 #include "model/model.h"
@@ -363,6 +364,7 @@ Tensor Model::compressed_branch_batch(int layer, const AttnRows& r, Batch& batch
     Batch::IndexKeys& ik = batch.index_keys[ls.kv_source];
     const Tensor& pool_keys = kv_pool_->index_keys(ls.kv_source);
     if (ik.slots.empty()) {  // every part's key rows in the pool, one upload; the keys stay packed
+      DI_CHECK_MSG(pool_keys.rows() <= std::numeric_limits<int32_t>::max(), "index key pool rows past 2^31");
       std::vector<int32_t> slots;
       ik.offsets.assign(static_cast<size_t>(batch.q_rows), 0);
       for (const BatchPart& p : batch.parts) {
