@@ -140,6 +140,12 @@ class Backend {
   // idx [S, L] I32, table_start [S], table: the page ids of every row's sequence, concatenated.
   virtual void map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start, const std::vector<int32_t>& table,
                               int64_t rows_per_page, int64_t base) = 0;
+  // Pool rows of paged sequences: the first lengths[p] rows of part p, parts concatenated, row i of
+  // part p -> table[table_start[p] + i / rows_per_page] * rows_per_page + i % rows_per_page. I32
+  // [sum of lengths]. The host sends the page tables only (the batched indexer's row list is 8 MB at
+  // batch 64 and 32K context).
+  virtual Tensor paged_row_list(const std::vector<int64_t>& lengths, const std::vector<int64_t>& table_start,
+                                const std::vector<int32_t>& table, int64_t rows_per_page) = 0;
   // Per-channel softmax pooling: kv, score [G*ratio, Dh] f32 -> [G, Dh] f32.
   virtual Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) = 0;
   // Lightning-indexer scores: q [S, nh*hd], keys [*, hd], w [S, nh] -> [S, T] (bf16 values, the

@@ -299,6 +299,14 @@ void ProfilingBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& t
         [&] { inner_.map_paged_rows(idx, table_start, table, rows_per_page, base); });
 }
 
+Tensor ProfilingBackend::paged_row_list(const std::vector<int64_t>& lengths, const std::vector<int64_t>& table_start,
+                                        const std::vector<int32_t>& table, int64_t rows_per_page) {
+  double rows = 0;
+  for (int64_t n : lengths) rows += static_cast<double>(n);
+  return track(timed("paged_row_list", 4.0 * rows, 0, false,
+                     [&] { return inner_.paged_row_list(lengths, table_start, table, rows_per_page); }));
+}
+
 Tensor ProfilingBackend::softmax_pool(const Tensor& kv, const Tensor& score, int ratio) {
   const double bytes = tensor_bytes(kv) + tensor_bytes(score) + tensor_bytes(kv) / ratio;
   return track(timed("softmax_pool", bytes, 0, false, [&] { return inner_.softmax_pool(kv, score, ratio); }));

@@ -102,6 +102,8 @@ class ProfilingBackend final : public Backend {
                           float softmax_scale, const Tensor& kv_more, RowFormat more_format) override;
   void map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start, const std::vector<int32_t>& table,
                       int64_t rows_per_page, int64_t base) override;
+  Tensor paged_row_list(const std::vector<int64_t>& lengths, const std::vector<int64_t>& table_start,
+                        const std::vector<int32_t>& table, int64_t rows_per_page) override;
   Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) override;
   Tensor index_scores(const Tensor& q, int heads, const Tensor& keys, const Tensor& w,
                       const std::vector<int64_t>& visible, const std::vector<int64_t>& key_offsets) override;

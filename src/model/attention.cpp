@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <limits>
 
 #include "core/error.h"
 #include "model/model.h"
@@ -363,19 +362,25 @@ Tensor Model::compressed_branch_batch(int layer, const AttnRows& r, Batch& batch
   } else {
     Batch::IndexKeys& ik = batch.index_keys[ls.kv_source];
     const Tensor& pool_keys = kv_pool_->index_keys(ls.kv_source);
-    if (ik.slots.empty()) {  // every part's key rows in the pool, one upload; the keys stay packed
-      DI_CHECK_MSG(pool_keys.rows() <= std::numeric_limits<int32_t>::max(), "index key pool rows past 2^31");
-      std::vector<int32_t> slots;
+    if (ik.slots.empty()) {  // every part's key rows in the pool, listed on the device from the page tables
+      std::vector<int64_t> lengths, table_start;
+      std::vector<int32_t> table;
+      int64_t keys = 0, top_page = 0;
       ik.offsets.assign(static_cast<size_t>(batch.q_rows), 0);
       for (const BatchPart& p : batch.parts) {
         const int64_t compress_len = (p.start + p.n) / ratio;
-        std::fill_n(ik.offsets.begin() + p.q.row0, p.q.rows, static_cast<int64_t>(slots.size()));
-        for (int64_t s : global_slots(*p.state, ls.kv_source, 0, compress_len)) {
-          DI_CHECK(s >= 0 && s < pool_keys.rows());
-          slots.push_back(static_cast<int32_t>(s));
+        std::fill_n(ik.offsets.begin() + p.q.row0, p.q.rows, keys);
+        keys += compress_len;
+        lengths.push_back(compress_len);
+        table_start.push_back(static_cast<int64_t>(table.size()));
+        for (const PageRef& page : p.state->pages) {
+          table.push_back(static_cast<int32_t>(page->id()));
+          top_page = std::max<int64_t>(top_page, page->id());
         }
       }
-      ik.slots = be.from_host_i32(slots, {static_cast<int64_t>(slots.size())});
+      const int64_t per_page = kv_pool_->rows_per_page(ls.kv_source);
+      DI_CHECK((top_page + 1) * per_page <= pool_keys.rows());
+      ik.slots = be.paged_row_list(lengths, table_start, table, per_page);
     }
     Tensor scores = be.index_scores_packed(r.qi, cfg_.index_n_heads, pool_keys, RowFormat::kFp4Ue8m0, ik.slots, r.wts,
                                            visible, ik.offsets);  // [q rows, T]

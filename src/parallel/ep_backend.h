@@ -85,6 +85,10 @@ class EpBackend final : public Backend {
                       int64_t rows_per_page, int64_t base) override {
     inner_.map_paged_rows(idx, table_start, table, rows_per_page, base);
   }
+  Tensor paged_row_list(const std::vector<int64_t>& lengths, const std::vector<int64_t>& table_start,
+                        const std::vector<int32_t>& table, int64_t rows_per_page) override {
+    return inner_.paged_row_list(lengths, table_start, table, rows_per_page);
+  }
   Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) override {
     return inner_.softmax_pool(kv, score, ratio);
   }

@@ -371,6 +371,27 @@ TEST_F(AttentionOps, IndexScoresWithKeyOffsets) {
   }
 }
 
+// The batched indexer's pool-row list built on the device from page tables: exactly the CPU's rows.
+TEST_F(AttentionOps, PagedRowList) {
+  Rng& r = rng();
+  for (int64_t per_page : {1, 7, 64}) {
+    SCOPED_TRACE("rows_per_page=" + std::to_string(per_page) + " " + seed_note());
+    std::vector<int64_t> lengths, table_start;
+    std::vector<int32_t> table;
+    for (int p = 0; p < 9; ++p) {
+      const int64_t n = p == 3 ? 0 : r.uniform_int(1, 40 * per_page);  // one part without rows
+      lengths.push_back(n);
+      table_start.push_back(static_cast<int64_t>(table.size()));
+      for (int64_t g = 0; g < (n + per_page - 1) / per_page + r.uniform_int(0, 2); ++g)
+        table.push_back(static_cast<int32_t>(r.uniform_int(0, 5000)));
+    }
+    const std::vector<int32_t> want = cpu->to_host_i32(cpu->paged_row_list(lengths, table_start, table, per_page));
+    const std::vector<int32_t> got = gpu->to_host_i32(gpu->paged_row_list(lengths, table_start, table, per_page));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "row " << i;
+  }
+}
+
 // The batched indexer's keys read packed from the page pool by slot (FP4 + UE8M0, 68-byte rows at
 // hd 128: the fused kernel; other shapes and formats unpack first): bit-identical to the CPU, which
 // unpacks and scores.

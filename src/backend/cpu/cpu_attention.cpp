@@ -94,6 +94,24 @@ void CpuBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_s
     }
 }
 
+Tensor CpuBackend::paged_row_list(const std::vector<int64_t>& lengths, const std::vector<int64_t>& table_start,
+                                  const std::vector<int32_t>& table, int64_t rows_per_page) {
+  DI_CHECK(lengths.size() == table_start.size() && rows_per_page > 0);
+  int64_t total = 0;
+  for (int64_t n : lengths) total += n;
+  Tensor out = alloc(TType::kI32, {total});
+  int32_t* o = out.i32();
+  for (size_t p = 0; p < lengths.size(); ++p)
+    for (int64_t i = 0; i < lengths[p]; ++i) {
+      const int64_t page = table_start[p] + i / rows_per_page;
+      DI_CHECK(page >= 0 && page < static_cast<int64_t>(table.size()));
+      const int64_t row = table[page] * rows_per_page + i % rows_per_page;
+      DI_CHECK(row < (int64_t{1} << 31));
+      *o++ = static_cast<int32_t>(row);
+    }
+  return out;
+}
+
 Tensor CpuBackend::softmax_pool(const Tensor& kv, const Tensor& score, int ratio) {
   int64_t d = kv.row_size(), g = kv.rows() / ratio;
   DI_CHECK(kv.rows() % ratio == 0 && score.rows() == kv.rows());

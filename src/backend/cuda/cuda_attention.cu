@@ -363,6 +363,18 @@ __global__ void map_paged_rows_kernel(int32_t* __restrict__ idx, int64_t total, 
 
 // ---- softmax pooling ------------------------------------------------------------------------------
 
+// out[first[p] + i] = table[table_start[p] + i / rows_per_page] * rows_per_page + i % rows_per_page for
+// i < length of part p (first[p + 1] - first[p]); grid (row chunks, parts).
+__global__ void paged_row_list_kernel(const int64_t* __restrict__ first, const int64_t* __restrict__ table_start,
+                                      const int32_t* __restrict__ table, int64_t rows_per_page, int32_t* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
+  const int p = blockIdx.y;
+  const int64_t n = first[p + 1] - first[p];
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[first[p] + i] = static_cast<int32_t>(table[table_start[p] + i / rows_per_page] * rows_per_page + i % rows_per_page);
+}
+
 // One thread per (group, channel): ratio x 2 reads, column-coalesced. CPU order and exp (exp_ref).
 __global__ void softmax_pool_kernel(const float* __restrict__ kv, const float* __restrict__ score, int ratio, int64_t d,
                                     int64_t total, float* __restrict__ out) {
@@ -608,6 +620,33 @@ void CudaBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_
   ::di::cuda::launch(map_paged_rows_kernel, elem_blocks(s * len), kElemThreads, 0, idx.i32(), s * len, len,
                      starts.as<int64_t>(), pages.as<int32_t>(), rows_per_page, base);
   DI_CUDA_LAUNCH_CHECK();
+}
+
+Tensor CudaBackend::paged_row_list(const std::vector<int64_t>& lengths, const std::vector<int64_t>& table_start,
+                                   const std::vector<int32_t>& table, int64_t rows_per_page) {
+  DI_CHECK(lengths.size() == table_start.size() && rows_per_page > 0 && lengths.size() <= 65535);
+  std::vector<int64_t> first(lengths.size() + 1, 0);
+  int64_t longest = 0;
+  for (size_t p = 0; p < lengths.size(); ++p) {
+    // every row of the part has a page, and the pool rows stay below 2^31 (checked here, on the host)
+    DI_CHECK(lengths[p] >= 0 && table_start[p] >= 0 &&
+             table_start[p] + (lengths[p] + rows_per_page - 1) / rows_per_page <= static_cast<int64_t>(table.size()));
+    first[p + 1] = first[p] + lengths[p];
+    longest = std::max(longest, lengths[p]);
+  }
+  int64_t max_page = 0;
+  for (int32_t page : table) max_page = std::max<int64_t>(max_page, page);
+  DI_CHECK_MSG((max_page + 1) * rows_per_page <= (int64_t{1} << 31), "paged_row_list: pool rows past 2^31");
+  Tensor out = alloc(TType::kI32, {first.back()});
+  if (first.back() == 0) return out;
+  Scratch firsts = cuda::attn::upload(first), starts = cuda::attn::upload(table_start),
+          pages = cuda::attn::upload(table);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(cuda::blocks_for(longest, kElemThreads), 1024)),
+                  static_cast<unsigned>(lengths.size()));
+  ::di::cuda::launch(paged_row_list_kernel, grid, kElemThreads, 0, firsts.as<int64_t>(), starts.as<int64_t>(),
+                     pages.as<int32_t>(), rows_per_page, out.i32());
+  DI_CUDA_LAUNCH_CHECK();
+  return out;
 }
 
 Tensor CudaBackend::softmax_pool(const Tensor& kv, const Tensor& score, int ratio) {
