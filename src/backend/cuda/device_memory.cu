@@ -29,8 +29,8 @@ struct BlockCache {
 };
 
 // Staging for uploads: two halves of pinned memory; a half is refilled only after the copies issued
-// from it have run (an event recorded when the ring left it). 16 MB halves: the batched indexer's
-// pool-row lists (1 MB at batch 64 and 4K context) stay asynchronous.
+// from it have run (an event recorded when the ring left it). 16 MB halves: a step's lists up to 4 MB
+// stay asynchronous (larger ones go through cudaMemcpy, which waits for the device).
 struct UploadRing {
   static constexpr size_t kHalf = size_t{16} << 20;
   std::mutex mu;
