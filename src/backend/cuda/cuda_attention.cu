@@ -361,19 +361,21 @@ __global__ void map_paged_rows_kernel(int32_t* __restrict__ idx, int64_t total, 
   }
 }
 
-// ---- softmax pooling ------------------------------------------------------------------------------
-
 // out[first[p] + i] = table[table_start[p] + i / rows_per_page] * rows_per_page + i % rows_per_page for
 // i < length of part p (first[p + 1] - first[p]); grid (row chunks, parts).
 __global__ void paged_row_list_kernel(const int64_t* __restrict__ first, const int64_t* __restrict__ table_start,
-                                      const int32_t* __restrict__ table, int64_t rows_per_page, int32_t* __restrict__ out) {
+                                      const int32_t* __restrict__ table, int64_t rows_per_page,
+                                      int32_t* __restrict__ out) {
   ::di::cuda::grid_dependency_wait();
   const int p = blockIdx.y;
   const int64_t n = first[p + 1] - first[p];
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[first[p] + i] = static_cast<int32_t>(table[table_start[p] + i / rows_per_page] * rows_per_page + i % rows_per_page);
+    out[first[p] + i] =
+        static_cast<int32_t>(table[table_start[p] + i / rows_per_page] * rows_per_page + i % rows_per_page);
 }
+
+// ---- softmax pooling ------------------------------------------------------------------------------
 
 // One thread per (group, channel): ratio x 2 reads, column-coalesced. CPU order and exp (exp_ref).
 __global__ void softmax_pool_kernel(const float* __restrict__ kv, const float* __restrict__ score, int ratio, int64_t d,
@@ -513,8 +515,9 @@ __global__ void __launch_bounds__(kRegThreads)
 }
 
 // keys[j] = unpack of cache row slots[j] (dim values), one thread per value.
-__global__ void unpack_slots_kernel(const uint8_t* __restrict__ cache, int64_t row_bytes, const int32_t* __restrict__ slots,
-                                    int64_t n, RowFormat f, int dim, float* __restrict__ keys) {
+__global__ void unpack_slots_kernel(const uint8_t* __restrict__ cache, int64_t row_bytes,
+                                    const int32_t* __restrict__ slots, int64_t n, RowFormat f, int dim,
+                                    float* __restrict__ keys) {
   ::di::cuda::grid_dependency_wait();
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n * dim;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x)
