@@ -253,11 +253,9 @@ Tensor CudaBackend::hc_mixes(const Tensor& x, int hc, const Weight& fn, const We
                : fn_t == WType::kF16 ? hc_mixes_dots_kernel<WType::kF16>
                                      : hc_mixes_dots_kernel<WType::kF32>;
   ::di::cuda::launch(dots, grid, kDotThreads, 0, x.f32(), n, mix, chunk, splits, cuda::wdata(fn), partials);
-  DI_CUDA_LAUNCH_CHECK();
   ::di::cuda::launch(hc_mixes_finish_kernel, static_cast<unsigned>(s), kFinThreads, 0,
                      reinterpret_cast<const double*>(part.f32()), x.f32(), n, norm_eps, splits, hc, cuda::wdata(scale),
                      sc_t, cuda::wdata(base), bs_t, sinkhorn_iters, hc_eps, out.f32());
-  DI_CUDA_LAUNCH_CHECK();
   return out;
 }
 
@@ -269,7 +267,6 @@ Tensor CudaBackend::hc_pre(const Tensor& x, const Tensor& mix, int hc) {
   const int64_t total = s * d;
   if (total == 0) return y;
   ::di::cuda::launch(hc_pre_kernel, elem_blocks(total), kElemThreads, 0, x.f32(), mix.f32(), mw, hc, d, total, y.f32());
-  DI_CUDA_LAUNCH_CHECK();
   return y;
 }
 
@@ -282,7 +279,6 @@ Tensor CudaBackend::hc_post(const Tensor& y, const Tensor& residual, const Tenso
   if (total == 0) return out;
   ::di::cuda::launch(hc_post_kernel, elem_blocks(total), kElemThreads, 0, y.f32(), residual.f32(), mix.f32(), mw, hc, d,
                      total, out.f32());
-  DI_CUDA_LAUNCH_CHECK();
   return out;
 }
 
@@ -294,7 +290,6 @@ Tensor CudaBackend::stream_mean(const Tensor& x, int hc) {
   const int64_t total = s * d;
   if (total == 0) return y;
   ::di::cuda::launch(stream_mean_kernel, elem_blocks(total), kElemThreads, 0, x.f32(), hc, d, total, y.f32());
-  DI_CUDA_LAUNCH_CHECK();
   return y;
 }
 

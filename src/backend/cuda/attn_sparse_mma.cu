@@ -367,10 +367,8 @@ void sparse_attention_mma(int64_t s, int heads, int dh, const float* q, const At
     const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(head_tiles), static_cast<unsigned>(nblk));
     ::di::cuda::launch(attn_scores_kernel, grid, kThreads, smem_scores, q + r0 * heads * dh, keys, idx + r0 * len, len,
                        heads, dh, scale, scores.f32(), bmax.f32());
-    DI_CUDA_LAUNCH_CHECK();
     ::di::cuda::launch(attn_values_kernel, grid, kThreads, smem_values, keys, idx + r0 * len, len, heads, dh,
                        scores.f32(), bmax.f32(), part.f32());
-    DI_CUDA_LAUNCH_CHECK();
     combine_splits(part.f32(), static_cast<int>(nblk), rows, heads, dh, sink, sink_t, out + r0 * heads * dh);
   }
 }
@@ -381,7 +379,6 @@ void combine_splits(const float* part, int splits, int64_t rows, int heads, int 
   DI_CHECK_MSG(rows * heads < (1LL << 31) && splits <= 8192, "sparse_attention: too many rows or list splits");
   ::di::cuda::launch(combine_splits_kernel, static_cast<unsigned>(rows * heads), 128, static_cast<size_t>(splits) * 4,
                      part, splits, heads, dh, sink, sink_t, out);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace di::cuda::attn

@@ -245,7 +245,6 @@ void topk_torch(const float* values, int64_t rows, int64_t stride, int64_t n, in
     const int64_t nb = std::min(batch, rows - row0);
     ::di::cuda::launch(torch_select_kernel, static_cast<unsigned>(nb), 32, 0, values, stride, n, k, row0,
                        scratch.as<torch_select::Pair>(), sel);
-    DI_CUDA_LAUNCH_CHECK();
   }
 }
 
@@ -254,7 +253,6 @@ void sorted_selection(const int32_t* sel, int64_t rows, int64_t k, const int64_t
   if (rows == 0 || k == 0) return;
   DI_CHECK(rows <= 0x7fffffff);
   ::di::cuda::launch(sorted_selection_kernel, static_cast<unsigned>(rows), 256, 0, sel, k, visible, offset, out);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 void topk_lowest_index(const float* values, int64_t rows, int64_t stride, const std::vector<int64_t>& n,
@@ -287,12 +285,10 @@ void topk_lowest_index(const float* values, int64_t rows, int64_t stride, const 
     ::di::cuda::launch(select_chunk_kernel, dim3(static_cast<unsigned>(n_chunks), static_cast<unsigned>(nb)),
                        kSelThreads, 0, values, stride, row0, n_dev.as<int64_t>(), k_dev.as<int64_t>(), chunk, n_chunks,
                        kmax, cu.as<uint32_t>(), ci.as<int32_t>(), out_k, offset, out);
-    DI_CUDA_LAUNCH_CHECK();
     if (n_chunks > 1) {
       ::di::cuda::launch(select_candidates_kernel, static_cast<unsigned>(nb), kSelThreads, 0, row0, n_dev.as<int64_t>(),
                          k_dev.as<int64_t>(), chunk, n_chunks, kmax, cu.as<uint32_t>(), ci.as<int32_t>(), out_k, offset,
                          out);
-      DI_CUDA_LAUNCH_CHECK();
     }
   }
 }

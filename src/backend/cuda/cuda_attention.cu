@@ -332,14 +332,12 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
     if (merge) {  // pass 1: block maxima (QK only); pass 2: the splits, each from the CPU's running max
       ::di::cuda::launch(sparse_attention_kernel<DPL>, grid, nwarps * 32, smem, qr, keys, ir, len, sink, sink_t, scale,
                          heads, dh, vec4, split_len, kAttnMaxPass, bmax.f32(), nullptr, outr);
-      DI_CUDA_LAUNCH_CHECK();
       ::di::cuda::launch(sparse_attention_kernel<DPL>, grid, nwarps * 32, smem, qr, keys, ir, len, sink, sink_t, scale,
                          heads, dh, vec4, split_len, kAttnAfterMaxPass, bmax.f32(), part.f32(), outr);
     } else {
       ::di::cuda::launch(sparse_attention_kernel<DPL>, grid, nwarps * 32, smem, qr, keys, ir, len, sink, sink_t, scale,
                          heads, dh, vec4, std::max<int64_t>(len, 1), kAttnOnePass, nullptr, nullptr, outr);
     }
-    DI_CUDA_LAUNCH_CHECK();
     if (merge) {
       cuda::attn::combine_splits(part.f32(), used, rows, heads, dh, sink, sink_t, outr);
     }
@@ -622,7 +620,6 @@ void CudaBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_
   Scratch starts = cuda::attn::upload(table_start), pages = cuda::attn::upload(table);
   ::di::cuda::launch(map_paged_rows_kernel, elem_blocks(s * len), kElemThreads, 0, idx.i32(), s * len, len,
                      starts.as<int64_t>(), pages.as<int32_t>(), rows_per_page, base);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 Tensor CudaBackend::paged_row_list(const std::vector<int64_t>& lengths, const std::vector<int64_t>& table_start,
@@ -648,7 +645,6 @@ Tensor CudaBackend::paged_row_list(const std::vector<int64_t>& lengths, const st
                   static_cast<unsigned>(lengths.size()));
   ::di::cuda::launch(paged_row_list_kernel, grid, kElemThreads, 0, firsts.as<int64_t>(), starts.as<int64_t>(),
                      pages.as<int32_t>(), rows_per_page, out.i32());
-  DI_CUDA_LAUNCH_CHECK();
   return out;
 }
 
@@ -661,7 +657,6 @@ Tensor CudaBackend::softmax_pool(const Tensor& kv, const Tensor& score, int rati
   if (total == 0) return out;
   ::di::cuda::launch(softmax_pool_kernel, elem_blocks(total), kElemThreads, 0, kv.f32(), score.f32(), ratio, d, total,
                      out.f32());
-  DI_CUDA_LAUNCH_CHECK();
   return out;
 }
 
@@ -697,7 +692,6 @@ Tensor CudaBackend::index_scores(const Tensor& q, int heads, const Tensor& keys,
       ::di::cuda::launch(index_scores_reg_kernel<false>, dim3(reg_tiles, nb), kRegThreads, smem, q.f32(), heads,
                          keys.f32(), nullptr, nullptr, offs.as<int64_t>(), t_len, w.f32(), vis.as<int64_t>(), row0,
                          out.f32());
-      DI_CUDA_LAUNCH_CHECK();
     }
     return out;
   }
@@ -706,7 +700,6 @@ Tensor CudaBackend::index_scores(const Tensor& q, int heads, const Tensor& keys,
     const unsigned nb = static_cast<unsigned>(std::min<int64_t>(65535, s - row0));
     ::di::cuda::launch(index_scores_kernel, dim3(tiles, nb), tile, smem_for(tile), q.f32(), heads, static_cast<int>(hd),
                        keys.f32(), offs.as<int64_t>(), t_len, w.f32(), vis.as<int64_t>(), row0, out.f32());
-    DI_CUDA_LAUNCH_CHECK();
   }
   return out;
 }
@@ -722,7 +715,6 @@ Tensor CudaBackend::index_scores_packed(const Tensor& q, int heads, const Tensor
     if (n_keys > 0) {
       ::di::cuda::launch(unpack_slots_kernel, elem_blocks(n_keys * hd), kElemThreads, 0, cache.u8(), cache.row_size(),
                          slots.i32(), n_keys, format, static_cast<int>(hd), keys.f32());
-      DI_CUDA_LAUNCH_CHECK();
     }
     return index_scores(q, heads, keys, w, visible, key_offsets);
   }
@@ -738,7 +730,6 @@ Tensor CudaBackend::index_scores_packed(const Tensor& q, int heads, const Tensor
     const unsigned nb = static_cast<unsigned>(std::min<int64_t>(65535, s - row0));
     ::di::cuda::launch(index_scores_reg_kernel<true>, dim3(reg_tiles, nb), kRegThreads, smem, q.f32(), heads, nullptr,
                        cache.u8(), slots.i32(), offs.as<int64_t>(), t_len, w.f32(), vis.as<int64_t>(), row0, out.f32());
-    DI_CUDA_LAUNCH_CHECK();
   }
   return out;
 }
@@ -761,7 +752,6 @@ Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<in
   Scratch bs(static_cast<size_t>(s * n_blocks) * sizeof(float)), last_dev = cuda::attn::upload(last);
   ::di::cuda::launch(block_max_kernel, elem_blocks(s * n_blocks), kElemThreads, 0, scores.f32(), width, block_size,
                      n_blocks, last_dev.as<int64_t>(), s * n_blocks, bs.as<float>());
-  DI_CUDA_LAUNCH_CHECK();
   Scratch flags;
   if (ties == TieBreak::kTorch) {
     // Reference-compatibility path: torch.topk's choice among ties (torch_select.h on the device).
@@ -772,7 +762,6 @@ Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<in
       cuda::attn::topk_torch(bs.as<float>(), s, n_blocks, n_blocks, keep, list.as<int32_t>());
       ::di::cuda::launch(mark_blocks_kernel, elem_blocks(s * keep), kElemThreads, 0, list.as<int32_t>(), keep,
                          bs.as<float>(), n_blocks, s * keep, flags.as<uint8_t>());
-      DI_CUDA_LAUNCH_CHECK();
     }
   } else {
     flags = Scratch(static_cast<size_t>(s * n_blocks));
@@ -782,12 +771,10 @@ Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<in
       cuda::attn::topk_lowest_index(bs.as<float>(), s, n_blocks, reach, kr, keep, 0, list.as<int32_t>());
       ::di::cuda::launch(mark_blocks_kernel, elem_blocks(s * keep), kElemThreads, 0, list.as<int32_t>(), keep,
                          bs.as<float>(), n_blocks, s * keep, flags.as<uint8_t>());
-      DI_CUDA_LAUNCH_CHECK();
     }
   }
   ::di::cuda::launch(expand_blocks_kernel, elem_blocks(s * width), kElemThreads, 0, flags.as<uint8_t>(), n_blocks,
                      width, block_size, s * width, mask.u8());
-  DI_CUDA_LAUNCH_CHECK();
   return mask;
 }
 
@@ -796,7 +783,6 @@ void CudaBackend::mask_scores(Tensor& scores, const Tensor& keep_mask) {
   const int64_t total = scores.numel();
   if (total == 0) return;
   ::di::cuda::launch(mask_scores_kernel, elem_blocks(total), kElemThreads, 0, scores.f32(), keep_mask.u8(), total);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 Tensor CudaBackend::topk_indices(const Tensor& scores, int k, const std::vector<int64_t>& visible, int offset,

@@ -235,7 +235,6 @@ Tensor CudaBackend::embed(const Tensor& ids, const Weight& table) {
                          out.f32(), bad.as<int>());
       break;
   }
-  DI_CUDA_LAUNCH_CHECK();
   // The CPU backend checks every id (DI_CHECK); here one 4-byte read-back per call does the same.
   int host_bad = 0;
   DI_CUDA_CHECK(cudaMemcpy(&host_bad, bad.as<int>(), sizeof(int), cudaMemcpyDeviceToHost));
@@ -295,7 +294,6 @@ Tensor CudaBackend::rmsnorm(const Tensor& x, const Weight& weight, float eps) {
       ::di::cuda::launch(rmsnorm_kernel<DType::kF32>, grid, kNormThreads, 0, x.f32(), n, w, eps, y.f32());
       break;
   }
-  DI_CUDA_LAUNCH_CHECK();
   return y;
 }
 
@@ -311,21 +309,18 @@ void CudaBackend::rope(Tensor& x, int heads, int head_dim, int rope_dim, const s
   Scratch freqs = upload(table.freqs);
   ::di::cuda::launch(rope_kernel, grid_for(total), kThreads, 0, x.f32(), s, heads, head_dim, rope_dim,
                      pos.as<int64_t>(), freqs.as<float>(), inverse);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 void CudaBackend::round_bf16(Tensor& x) {
   DI_CHECK(x.type == TType::kF32);
   if (x.numel() == 0) return;
   ::di::cuda::launch(scale_bf16_kernel, grid_for(x.numel()), kThreads, 0, x.f32(), x.numel(), 1.0f, false);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 void CudaBackend::scale_bf16(Tensor& x, float factor) {
   DI_CHECK(x.type == TType::kF32);
   if (x.numel() == 0) return;
   ::di::cuda::launch(scale_bf16_kernel, grid_for(x.numel()), kThreads, 0, x.f32(), x.numel(), factor, true);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 void CudaBackend::qdq(Tensor& x, RowFormat format) {
@@ -339,7 +334,6 @@ void CudaBackend::qdq(Tensor& x, RowFormat format) {
     ::di::cuda::launch(qdq_fp4_e4m3_block_kernel, static_cast<int>(blocks_for(s * n / 16, kThreads)), kThreads, 0,
                        x.f32(), s * n / 16);
   }
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 namespace {
@@ -357,7 +351,6 @@ void pack_to_rows(const Tensor& x, RowFormat format, const std::vector<uint8_t*>
   else  // kFp4E4m3, n % 32 == 16
     ::di::cuda::launch(pack_fp4_e4m3_serial_kernel, static_cast<int>(blocks_for(s, kThreads)), kThreads, 0, x.f32(), s,
                        static_cast<int>(n), drows.as<uint8_t*>());
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 // Unpacks the cache rows at `rows` into y [rows, dim]: one launch.
@@ -368,7 +361,6 @@ void unpack_from_rows(const std::vector<const uint8_t*>& rows, RowFormat format,
   Scratch drows = upload(rows);
   ::di::cuda::launch(unpack_kernel, grid_for(s * dim), kThreads, 0, drows.as<const uint8_t*>(), format, s,
                      static_cast<int>(dim), y);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace

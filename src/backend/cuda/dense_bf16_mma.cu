@@ -194,7 +194,6 @@ void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, 
   ::di::cuda::launch(bf16_mma_kernel<NT, F>, grid, kMmaThreads, 0, x, x_stride, rows_per_group, static_cast<int>(S),
                      wdata(w), F == MmaWeight::kFp8Block ? wscale(w) : nullptr, w.scale_cols, static_cast<int>(w.rows),
                      static_cast<int>(w.cols), static_cast<int>(per_split), bf16_out, y, partial);
-  DI_CUDA_LAUNCH_CHECK();
   if (partial) reduce_splits(partial, static_cast<int>(used), S * w.rows, bf16_out, y);
 }
 

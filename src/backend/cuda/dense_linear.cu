@@ -162,7 +162,6 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
     ::di::cuda::launch(quantized_linear_kernel<F, NT, true>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
                        wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split,
                        plan.splits, false, nullptr, nullptr, y);
-    DI_CUDA_LAUNCH_CHECK();
     return;
   }
   const bool fixup = std::min<int64_t>(M, mma::kTokTile) * plan.splits <= 32;
@@ -176,7 +175,6 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
   ::di::cuda::launch(quantized_linear_kernel<F, NT, false>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
                      wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split, 1, fixup,
                      partial, counters, y);
-  DI_CUDA_LAUNCH_CHECK();
   if (plan.splits > 1 && !fixup) {
     reduce_splits(partial, plan.splits, M * N, true, y);
   }
@@ -357,7 +355,6 @@ void launch_float_feat(const float* x, int64_t x_stride, int rows_per_group, con
   else
     ::di::cuda::launch(float_linear_kernel<Acc, kKind, 1, kFeat>, grid, kWarps * 32, 0, x, x_stride, rows_per_group,
                        wdata(w), sc, w.scale_cols, static_cast<int>(S), N, K, bf16_out, y);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 // Four features per warp past one row (a warp's x loads then serve four features) where the
@@ -391,7 +388,6 @@ int sm_count() {
 void reduce_splits(const float* partial, int splits, int64_t n, bool bf16_out, float* y) {
   if (n == 0) return;
   ::di::cuda::launch(reduce_splits_kernel, blocks_for(n, 256), 256, 0, partial, splits, n, bf16_out, y);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales) {
@@ -399,7 +395,6 @@ void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes
   const int64_t nblocks = rows * (K / 32);
   if (nblocks == 0) return;
   ::di::cuda::launch(act_quant_kernel, blocks_for(nblocks * 32, 256), 256, 0, x, nblocks, codes, scales);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 SplitPlan plan_split(int64_t tiles, int64_t nb, int nt, int64_t capacity, int waves) {

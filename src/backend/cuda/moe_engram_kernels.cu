@@ -95,7 +95,6 @@ void engram_lookup(const int32_t* cols, int64_t n, const uint8_t* table, const u
   constexpr int kThreads = 256;
   ::di::cuda::launch(engram_lookup_kernel, blocks_for(n * (hd / 16), kThreads), kThreads, 0, cols, n, table, scales,
                      table_rows, hd, out);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 void engram_inject(const float* x, const float* kv, const uint8_t* q, const uint8_t* k, DType w_dtype, int64_t s,
@@ -118,7 +117,6 @@ void engram_inject(const float* x, const float* kv, const uint8_t* q, const uint
                          out);
       break;
   }
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace di::cuda::moe

@@ -62,7 +62,6 @@ __global__ void add_round_kernel(const float* __restrict__ acc, const float* __r
 void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t d, float* dst) {
   if (n * d == 0) return;
   ::di::cuda::launch(gather_rows_kernel, blocks_for(n * d, kThreads), kThreads, 0, src, rows, n, d, dst);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 void swiglu(float* gate, const float* up, int64_t n, int64_t inter, const float* route_w, const int32_t* slots,
@@ -70,19 +69,16 @@ void swiglu(float* gate, const float* up, int64_t n, int64_t inter, const float*
   if (n * inter == 0) return;
   ::di::cuda::launch(swiglu_kernel, blocks_for(n * inter, kThreads), kThreads, 0, gate, up, n, inter, route_w, slots,
                      limit);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 void scatter_add_rows(float* acc, const float* y, const int32_t* rows, int64_t n, int64_t d) {
   if (n * d == 0) return;
   ::di::cuda::launch(scatter_add_kernel, blocks_for(n * d, kThreads), kThreads, 0, acc, y, rows, n, d);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 void add_round_bf16(const float* acc, const float* shared, int64_t n, float* out) {
   if (n == 0) return;
   ::di::cuda::launch(add_round_kernel, blocks_for(n, kThreads), kThreads, 0, acc, shared, n, out);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace di::cuda::moe

@@ -235,7 +235,6 @@ void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat
     const dim3 grid(static_cast<unsigned>(tiles), 1u, static_cast<unsigned>(slots));
     ::di::cuda::launch(grouped_fp4_kernel<NT, true>, grid, mma::kThreads, 0, a.xc, a.xs, a.act_row_of, a.lists, m0, m1,
                        a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, plan.splits, nullptr, nullptr);
-    DI_CUDA_LAUNCH_CHECK();
     return;
   }
   float* partial = nullptr;
@@ -247,7 +246,6 @@ void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat
   const dim3 grid(static_cast<unsigned>(mats * a.row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(slots));
   ::di::cuda::launch(grouped_fp4_kernel<NT, false>, grid, mma::kThreads, 0, a.xc, a.xs, a.act_row_of, a.lists, m0, m1,
                      a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, 1, partial, counters);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -258,7 +256,6 @@ void route_lists(const int32_t* experts, int64_t s, int k, int64_t n_exp, const 
   DI_CHECK_MSG(smem <= 48 * 1024 && s * k < (1LL << 31), "moe_experts: too many experts or entries");
   ::di::cuda::launch(route_lists_kernel, 1, kListThreads, smem, experts, static_cast<int>(s * k), k,
                      static_cast<int>(n_exp), l);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0, const uint8_t* const* w1, float* y1,
@@ -281,14 +278,12 @@ void swiglu_quant(const float* gate, const float* up, const RouteLists& l, int64
   ::di::cuda::launch(swiglu_quant_kernel, blocks_for(warps * 32, kElemThreads), kElemThreads, 0, gate, up, l,
                      static_cast<int>(n_exp), route_w, static_cast<int>(n_rows), static_cast<int>(inter), limit, codes,
                      scales);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 void combine(const float* down, const int32_t* order, int k, const float* shared, int64_t s, int64_t d, float* out) {
   if (s * d == 0) return;
   ::di::cuda::launch(combine_kernel, blocks_for(s * d, kElemThreads), kElemThreads, 0, down, order, k, shared, s, d,
                      out);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace di::cuda::moe

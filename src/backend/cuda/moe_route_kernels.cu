@@ -146,7 +146,6 @@ void launch_logits(const float* x, const uint8_t* gate, int64_t s, int64_t e, in
     ::di::cuda::launch(router_logits_kernel<T, true>, grid, kWarps * 32, 0, x, gate, s, e, d, logits);
   else
     ::di::cuda::launch(router_logits_kernel<T, false>, grid, kWarps * 32, 0, x, gate, s, e, d, logits);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -171,7 +170,6 @@ void router_select(const float* logits, const uint8_t* bias, DType bias_dtype, i
   DI_CHECK_MSG(s <= 0x7fffffff, "moe_route: too many rows");
   ::di::cuda::launch(router_select_kernel, static_cast<unsigned>(s), kSelThreads, 0, logits, bias, bt,
                      static_cast<int>(e), top_k, route_scale, gate_temp, weights, experts);
-  DI_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace di::cuda::moe

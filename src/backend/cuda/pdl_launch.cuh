@@ -38,7 +38,8 @@ inline bool pdl_enabled() {
   return on;
 }
 
-// kernel<<<grid, block, smem>>>(args...) on the default stream, with the PDL attribute.
+// kernel<<<grid, block, smem>>>(args...) on the default stream, with the PDL attribute. Checks the
+// launch (cudaLaunchKernelEx returns its error), so callers need no DI_CUDA_LAUNCH_CHECK after it.
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
   cudaLaunchAttribute attr{};
