@@ -7,7 +7,8 @@
 //    dot and probability sums in another order -- bf16 tensor cores when heads and dh are multiples
 //    of 16, the list split over CTAs; exp differs by ulps, which can flip a bf16-rounded probability,
 //    as can the running / per-split max it is taken against); a row whose list is all -1 must be
-//    exactly zero.
+//    exactly zero. Tensor-core path: a row alone or in a small batch (finer launch tiles) gives the
+//    bits it gets inside a large batch (the widest tiles): EXACT.
 //  - softmax_pool: relative L2 <= 1e-6 (CPU order; exp rounded once from double vs glibc expf).
 //  - index_scores: bit-exact (each dot in cpu::dot's exact order), -inf where invisible.
 //  - select_candidates, topk_indices (both tie modes), mask_scores: EXACT.
@@ -20,6 +21,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -152,6 +154,22 @@ struct AttnCase {
   int64_t dh, n_kv, len;
 };
 
+// Index lists [rows, len] into n_kv keys: random rows (repeats allowed), ~15% -1, a whole 64-block of
+// -1 per row (when len > 64; maybe past the end), and the last row all -1 when `last_none`.
+std::vector<int32_t> random_index_lists(Rng& rng, int64_t rows, int64_t len, int64_t n_kv, bool last_none) {
+  std::vector<int32_t> idx(static_cast<size_t>(rows * len));
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool all_none = last_none && r == rows - 1;
+    const int64_t dead_block = rng.uniform_int(0, (len - 1) / 64 + 1);
+    for (int64_t j = 0; j < len; ++j) {
+      int32_t id = static_cast<int32_t>(rng.uniform_int(0, n_kv - 1));
+      if (all_none || rng.uniform(0, 1) < 0.15f || (j / 64 == dead_block && len > 64)) id = -1;
+      idx[r * len + j] = id;
+    }
+  }
+  return idx;
+}
+
 void check_sparse_attention(AttentionOps& t, Rng& rng, const AttnCase& c) {
   SCOPED_TRACE("rows=" + std::to_string(c.rows) + " heads=" + std::to_string(c.heads) + " dh=" + std::to_string(c.dh) +
                " kv=" + std::to_string(c.n_kv) + " L=" + std::to_string(c.len) + " " + t.seed_note());
@@ -161,18 +179,9 @@ void check_sparse_attention(AttentionOps& t, Rng& rng, const AttnCase& c) {
     if (r % 2 == 1)
       for (int64_t i = 0; i < c.heads * c.dh; ++i) qv[r * c.heads * c.dh + i] = quant::round_bf16(3.0f * qv[r * c.heads * c.dh + i]);
   gputest::TensorPair kv = gputest::random_tensor_pair(rng, *t.cpu, *t.gpu, {c.n_kv, c.dh});
-  // Index lists: random rows (repeats allowed), ~15% -1, some whole 64-blocks of -1; the last row
-  // of a multi-row case is all -1 (the output is then exactly 0: only the sink in the denominator).
-  std::vector<int32_t> idx(static_cast<size_t>(c.rows * c.len));
-  for (int64_t r = 0; r < c.rows; ++r) {
-    const bool all_none = c.rows > 1 && r == c.rows - 1;
-    const int64_t dead_block = rng.uniform_int(0, (c.len - 1) / 64 + 1);  // may be past the end
-    for (int64_t j = 0; j < c.len; ++j) {
-      int32_t id = static_cast<int32_t>(rng.uniform_int(0, c.n_kv - 1));
-      if (all_none || rng.uniform(0, 1) < 0.15f || (j / 64 == dead_block && c.len > 64)) id = -1;
-      idx[r * c.len + j] = id;
-    }
-  }
+  // the last row of a multi-row case all -1: its output is then exactly 0 (only the sink in the
+  // denominator)
+  const std::vector<int32_t> idx = random_index_lists(rng, c.rows, c.len, c.n_kv, c.rows > 1);
   OwnedWeight sink = gputest::random_f32_weight(rng, 1, c.heads, *t.gpu, 1.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.dh));
   Tensor qc = t.cpu->from_host_f32(qv, {c.rows, c.heads * c.dh}), qg = t.gpu->from_host_f32(qv, {c.rows, c.heads * c.dh});
@@ -243,8 +252,57 @@ TEST_F(AttentionOps, SparseAttention) {
                                                  {2, 64, 512, 2000, 2048},  // list split over 32 CTAs, merged
                                                  {3, 32, 48, 100, 130},     // tensor cores: half a head tile, dh 48
                                                  {2, 80, 64, 100, 100},     // two head tiles (64 + 16)
-                                                 {3, 16, 272, 150, 160}})   // scores staged in 256 + 16 columns
+                                                 {3, 16, 272, 150, 160},    // scores staged in 256 + 16 columns
+                                                 // one row: small launches (16-head score tiles, dh
+                                                 // split over CTAs), partial last blocks
+                                                 {1, 16, 64, 150, 100},
+                                                 {1, 48, 192, 300, 130},
+                                                 {1, 32, 512, 200, 200},
+                                                 {1, 64, 512, 800, 600}})
     check_sparse_attention(*this, r, c);
+}
+
+// The tensor-core path tiles a small launch finer (score CTAs of 16 or 32 heads instead of 64, the
+// values' dh split over CTAs) and must give the bits of the widest tiling: rows alone and in a batch
+// of 5 against the same rows inside a batch of ~600 (row x 64 heads x 64-key block) CTAs, which
+// takes the widest tiles (64 heads, 32 for 32 heads; whole dims) on a GPU of up to 300 SMs. Odd
+// shapes: 48 and 80 heads (partly filled tiles), dh 192 and 48, lists not a multiple of 64.
+TEST_F(AttentionOps, SparseAttentionLaunchShapesExact) {
+  Rng& r = rng();
+  struct Case {
+    int heads;
+    int64_t dh, n_kv, len;
+  };
+  for (const Case& c : std::vector<Case>{
+           {48, 192, 300, 130}, {64, 512, 800, 600}, {32, 512, 200, 200}, {64, 48, 100, 70}, {80, 64, 100, 100}}) {
+    const int64_t nblk = (c.len + 63) / 64, big = (600 + nblk - 1) / nblk, w = c.heads * c.dh;
+    SCOPED_TRACE("heads=" + std::to_string(c.heads) + " dh=" + std::to_string(c.dh) + " L=" + std::to_string(c.len) +
+                 " batch=" + std::to_string(big) + " " + seed_note());
+    std::vector<float> qv = gputest::random_bf16_values(r, big * w);  // [big, heads * dh], odd rows peaky
+    for (int64_t row = 1; row < big; row += 2)
+      for (int64_t i = 0; i < w; ++i) qv[row * w + i] = quant::round_bf16(3.0f * qv[row * w + i]);
+    const Tensor kv = gpu->from_host_f32(gputest::random_bf16_values(r, c.n_kv * c.dh), {c.n_kv, c.dh});
+    const std::vector<int32_t> idx = random_index_lists(r, big, c.len, c.n_kv, true);
+    OwnedWeight sink = gputest::random_f32_weight(r, 1, c.heads, *gpu, 1.0f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.dh));
+    // rows [first, first + m) of the batch as a batch of their own
+    auto run = [&](int64_t first, int64_t m) {
+      const std::vector<float> q(qv.begin() + first * w, qv.begin() + (first + m) * w);
+      const std::vector<int32_t> ix(idx.begin() + first * c.len, idx.begin() + (first + m) * c.len);
+      return gpu->to_host_f32(gpu->sparse_attention(gpu->from_host_f32(q, {m, w}), c.heads, kv,
+                                                    gpu->from_host_i32(ix, {m, c.len}), sink.w, scale));
+    };
+    const std::vector<float> all = run(0, big);
+    ASSERT_EQ(static_cast<int64_t>(all.size()), big * w);
+    const std::vector<std::pair<int64_t, int64_t>> subsets = {{0, 1}, {1, 1}, {big / 2, 1}, {big - 1, 1}, {2, 5}};
+    for (auto [first, m] : subsets) {
+      const std::vector<float> got = run(first, m);
+      const std::vector<float> want(all.begin() + first * w, all.begin() + (first + m) * w);
+      int64_t at = 0;
+      EXPECT_EQ(bit_mismatches(got, want, &at), 0)
+          << "rows " << first << " .. +" << m << " alone vs in the batch of " << big << ": " << at_str(got, want, at);
+    }
+  }
 }
 
 // ---- paged row ids ------------------------------------------------------------------------------------

@@ -1,16 +1,21 @@
 // Sparse attention on the bf16 tensor cores. Every query head of a row reads the same key / value
 // rows (one shared latent, 512 wide on V4.1), so a 64-key block of a row's index list is a
 // [heads x 64] score GEMM and a [heads x dh] value GEMM (mma.sync m16n8k16, fp32 accumulation).
-// One CTA per (row, 64 heads, 64-key block), in two kernels:
-//  1. scores: the block's keys and the row's queries staged as bf16 (exact: the model's queries
+// Two kernels, each with CTAs per (row, head tile, 64-key block):
+//  1. scores: the block's keys and the tile's queries staged as bf16 (exact: the model's queries
 //     leave RoPE and its keys leave qdq / unpacking as bf16 values), S = Q K^T x scale (-inf for -1
 //     ids) into a score buffer, and each head's block maximum;
 //  2. values: the running max the CPU holds at this block (the max of the block maxima so far, from
 //     -1e30), p = exp(s - max) in fp32 (summed into l), rounded to bf16 as the CPU rounds it, O = P V;
+//     the dh dims may be split over CTAs (dim slices), each computing the same probabilities;
 // then combine_splits merges the blocks' (O, max, l) with the sink. This is the CPU's arithmetic up
 // to summation order and expf's ulps (which can round a probability to the neighbouring bf16), for
 // each row on its own: batch-invariant by construction. The CUDA-core kernel in cuda_attention.cu
 // re-staged every key block once per 16 heads, in fp32 (128 KB of shared memory per CTA).
+// A small grid (decode: a row's 640 keys are 10 blocks, 10 CTAs of 64 heads at batch 1) narrows the
+// scores kernel's head tile to 32 or 16 heads and splits the values kernel's dims, so that more SMs
+// work. Every score and output element is the same MMA chain (k in the same order) whatever the
+// tiling, and a block maximum the same max of the same scores, so the launch shape changes no bit.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -27,8 +32,10 @@ namespace di::cuda::attn {
 namespace {
 
 constexpr int kBlock = 64;     // keys per block: the CPU's online-softmax step (the reference kernel's)
-constexpr int kHeadTile = 64;  // heads per CTA
+constexpr int kHeadTile = 64;  // heads per CTA of the values kernel; the scores kernel's widest tile
 constexpr int kThreads = 256;  // 8 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kMinSliceDims = 64;  // the values kernel's narrowest dim slice: 32 dims (4 n8 tiles) per warp
 constexpr int kPad = 8;        // bf16 padding per staged row: fragment loads hit 32 distinct banks
 constexpr int kPStride = kBlock + kPad;
 constexpr int kScoreCols = 256;  // dh columns the scores and values kernels stage at a time
@@ -109,26 +116,33 @@ __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx
   }
 }
 
-// Kernel 1, grid (rows, head tiles, blocks). Warp w: heads 16 (w % 4) .. +16 of the tile, keys
-// 32 (w / 4) .. +32 of the block (four n8 tiles), K = dh in steps of 16. dh is staged kScoreCols
-// columns at a time (queries and keys), so the CTA holds 68 KB of shared memory instead of 133 and
-// three CTAs fit an SM; the K steps still run in order, so the sums are the same.
+// Kernel 1, grid (rows, head tiles of HT heads, blocks). The 8 warps split the [HT x 64] tile into
+// HT / 16 m16 tiles, each shared by kWarpsPerM warps over the keys: warp w takes heads
+// 16 (w % kMTiles) .. +16 and keys kKeysPerWarp (w / kMTiles) .. +kKeysPerWarp (kNTiles n8 tiles);
+// K = dh in steps of 16 (HT 64: 4 m tiles x 2 warps x 32 keys; HT 16: 1 m tile x 8 warps x 8 keys).
+// dh is staged kScoreCols columns at a time (queries and keys), so the CTA holds (64 + HT) x 264 x 2
+// bytes of shared memory (68 KB at HT 64, three CTAs an SM) instead of 133 KB; the K steps still run
+// in order, so the sums are the same.
+template <int HT>
 __global__ void __launch_bounds__(kThreads)
     attn_scores_kernel(const float* __restrict__ q, AttnKeys keys, const int32_t* __restrict__ idx, int64_t len,
                        int heads, int dh, float scale, float* __restrict__ scores, float* __restrict__ blk_max) {
   ::di::cuda::grid_dependency_wait();
+  constexpr int kMTiles = HT / 16, kWarpsPerM = kWarps / kMTiles, kKeysPerWarp = kBlock / kWarpsPerM,
+                kNTiles = kKeysPerWarp / 8;
+  static_assert(HT % 16 == 0 && kWarps % kMTiles == 0 && kNTiles >= 1, "8 warps over the head tile");
   extern __shared__ uint4 smem_u4[];
   const int st = min(dh, kScoreCols) + kPad;
   __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem_u4);  // [64 keys][st]
-  __nv_bfloat16* qs = ks + kBlock * st;                            // [64 heads][st]
+  __nv_bfloat16* qs = ks + kBlock * st;                            // [HT heads][st]
   __shared__ int32_t ids[kBlock];
-  __shared__ float red[2][kHeadTile];
+  __shared__ float red[kWarpsPerM][HT];  // per head, the maxima of the warps sharing its m tile
   const int64_t r = blockIdx.x, blk = blockIdx.z, nblk = gridDim.z;
-  const int h0 = blockIdx.y * kHeadTile, hn = min(kHeadTile, heads - h0);
+  const int h0 = blockIdx.y * HT, hn = min(HT, heads - h0);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, qd = lane % 4;
-  const int mt = warp % 4, nh = warp / 4;
+  const int mt = warp % kMTiles, nh = warp / kMTiles;
   const bool active = 16 * mt < hn;
-  float acc[4][4] = {};
+  float acc[kNTiles][4] = {};
   for (int col0 = 0; col0 < dh; col0 += kScoreCols) {
     const int cols = min(kScoreCols, dh - col0), chunks = cols / 8;
     if (col0 > 0) __syncthreads();  // the previous columns' MMAs are done with the tiles
@@ -144,12 +158,12 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (active) {
       const __nv_bfloat16* qa = qs + (16 * mt + g) * st + 2 * qd;
-      const __nv_bfloat16* kb = ks + (32 * nh + g) * st + 2 * qd;
+      const __nv_bfloat16* kb = ks + (kKeysPerWarp * nh + g) * st + 2 * qd;
       for (int k0 = 0; k0 < cols; k0 += 16) {
         const uint32_t a[4] = {lds32(qa + k0), lds32(qa + 8 * st + k0), lds32(qa + k0 + 8),
                                lds32(qa + 8 * st + k0 + 8)};
 #pragma unroll
-        for (int t = 0; t < 4; ++t)
+        for (int t = 0; t < kNTiles; ++t)
           mma::mma_bf16(acc[t], a, lds32(kb + 8 * t * st + k0), lds32(kb + 8 * t * st + k0 + 8));
       }
     }
@@ -158,8 +172,8 @@ __global__ void __launch_bounds__(kThreads)
   float mx[2] = {kNegInf, kNegInf};  // heads g, g + 8 of the warp's tile
   if (active) {
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const int key = 32 * nh + 8 * t + 2 * qd;
+    for (int t = 0; t < kNTiles; ++t) {
+      const int key = kKeysPerWarp * nh + 8 * t + 2 * qd;
       const bool v0 = ids[key] >= 0, v1 = ids[key + 1] >= 0;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -177,25 +191,33 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-  if (threadIdx.x < hn)
-    blk_max[(r * heads + h0 + threadIdx.x) * nblk + blk] = fmaxf(red[0][threadIdx.x], red[1][threadIdx.x]);
+  if (threadIdx.x < hn) {  // a max: the same value in any order
+    float m = red[0][threadIdx.x];
+#pragma unroll
+    for (int w = 1; w < kWarpsPerM; ++w) m = fmaxf(m, red[w][threadIdx.x]);
+    blk_max[(r * heads + h0 + threadIdx.x) * nblk + blk] = m;
+  }
 }
 
-// Kernel 2, grid (rows, head tiles, blocks): part[r, h, blk] = (sum_j bf16(p_j) v_j [dh], m, l).
-// The values are staged kScoreCols dims at a time (43 KB of shared memory instead of 76); PV: warp w
-// computes heads 16 (w % 4) .. +16 over the staged dims' half w / 4, 64 at a time.
+// Kernel 2, grid (rows, head tiles x dim slices, blocks): part[r, h, blk] = (sum_j bf16(p_j) v_j [dh],
+// m, l), CTA (.., tile * slices + slice, ..) writing dims [slice x slice_dims, +slice_dims) and slice
+// 0 the (m, l) pair; every slice computes the tile's probabilities alike. The values are staged
+// kScoreCols dims at a time (43 KB of shared memory instead of 76 at one slice); PV: warp w computes
+// heads 16 (w % 4) .. +16 over the staged dims' half w / 4, 64 at a time.
 __global__ void __launch_bounds__(kThreads)
-    attn_values_kernel(AttnKeys keys, const int32_t* __restrict__ idx, int64_t len, int heads, int dh,
+    attn_values_kernel(AttnKeys keys, const int32_t* __restrict__ idx, int64_t len, int heads, int dh, int slice_dims,
                        const float* __restrict__ scores, const float* __restrict__ blk_max, float* __restrict__ part) {
   ::di::cuda::grid_dependency_wait();
   extern __shared__ uint4 smem_u4[];
-  const int st = min(dh, kScoreCols) + kPad;
+  const int st = min(slice_dims, kScoreCols) + kPad;
   __nv_bfloat16* vs = reinterpret_cast<__nv_bfloat16*>(smem_u4);  // [64 keys][st]
   __nv_bfloat16* ps = vs + kBlock * st;                            // [64 heads][64 + kPad] probabilities
   __shared__ int32_t ids[kBlock];
   __shared__ float run_max[kHeadTile], lpart[4][kHeadTile];
   const int64_t r = blockIdx.x, blk = blockIdx.z, nblk = gridDim.z;
-  const int h0 = blockIdx.y * kHeadTile, hn = min(kHeadTile, heads - h0);
+  const int slices = dh / slice_dims, slice = blockIdx.y % slices;
+  const int h0 = (blockIdx.y / slices) * kHeadTile, hn = min(kHeadTile, heads - h0);
+  const int d_first = slice * slice_dims, d_last = d_first + slice_dims;  // this CTA's dims
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, qd = lane % 4;
   // the CPU's running max when it reaches this block: the block maxima so far, folded from -1e30
   if (threadIdx.x < hn) {
@@ -210,8 +232,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     run_max[threadIdx.x] = m;
   }
-  // the first dims; its first barrier publishes run_max
-  stage_keys(keys, idx, r, len, blk, dh, 0, min(dh, kScoreCols), st, true, ids, vs);
+  // the slice's first dims; its first barrier publishes run_max
+  stage_keys(keys, idx, r, len, blk, dh, d_first, min(slice_dims, kScoreCols), st, true, ids, vs);
   {  // probabilities: thread (head t / 4, keys 16 (t % 4) .. +16)
     const int h = threadIdx.x / 4, c = threadIdx.x % 4;
     float l = 0.0f;
@@ -236,7 +258,7 @@ __global__ void __launch_bounds__(kThreads)
     lpart[c][h] = l;
   }
   __syncthreads();
-  if (threadIdx.x < hn) {
+  if (slice == 0 && threadIdx.x < hn) {
     float* pp = part + ((r * heads + h0 + threadIdx.x) * nblk + blk) * (dh + 2);
     pp[dh] = run_max[threadIdx.x];
     pp[dh + 1] = ((lpart[0][threadIdx.x] + lpart[1][threadIdx.x]) + lpart[2][threadIdx.x]) + lpart[3][threadIdx.x];
@@ -255,9 +277,9 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   const __nv_bfloat16* vrow = vs + (lane % 16) * st;  // ldmatrix row address of this lane (k = lane % 16)
-  for (int col0 = 0; col0 < dh; col0 += kScoreCols) {
-    const int cols = min(kScoreCols, dh - col0);
-    if (col0 > 0) {
+  for (int col0 = d_first; col0 < d_last; col0 += kScoreCols) {
+    const int cols = min(kScoreCols, d_last - col0);
+    if (col0 > d_first) {
       __syncthreads();  // the previous dims' MMAs are done with the tile
       stage_keys(keys, idx, r, len, blk, dh, col0, cols, st, false, ids, vs);
       __syncthreads();
@@ -332,6 +354,38 @@ __global__ void combine_splits_kernel(const float* __restrict__ part, int splits
   }
 }
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&dev));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+// How one launch tiles the work: the scores kernel's heads per CTA and the values kernel's dims per
+// CTA. Chosen from the launch size alone; no choice changes a bit (see the top of the file).
+struct LaunchShape {
+  int head_tile;   // 16, 32 or 64
+  int slice_dims;  // dh / slices, a multiple of 16
+};
+
+// Today's shape (64 heads, all dims) when it gives two CTAs per SM or more; below that, the head tile
+// halves (down to 16) and the dim slices double (down to kMinSliceDims dims) until it does. A head
+// tile of twice the heads or more also halves: its extra warps would only idle. Past two per SM the
+// wider tiles win, sharing one staged key block among more heads.
+LaunchShape launch_shape(int64_t rows, int heads, int dh, int64_t nblk) {
+  const int64_t target = 2 * static_cast<int64_t>(sm_count());
+  const auto ctas = [&](int tile) { return rows * ((heads + tile - 1) / tile) * nblk; };
+  LaunchShape shape{kHeadTile, dh};
+  while (shape.head_tile > 16 && (shape.head_tile / 2 >= heads || ctas(shape.head_tile) < target)) shape.head_tile /= 2;
+  while (shape.slice_dims % 32 == 0 && shape.slice_dims / 2 >= kMinSliceDims &&
+         ctas(kHeadTile) * (dh / shape.slice_dims) < target)
+    shape.slice_dims /= 2;
+  return shape;
+}
+
 }  // namespace
 
 bool sparse_attention_mma_fits(const float* q, int heads, int dh, const AttnKeys& keys, int64_t len) {
@@ -345,13 +399,15 @@ void sparse_attention_mma(int64_t s, int heads, int dh, const float* q, const At
                           int64_t len, const uint8_t* sink, WType sink_t, float scale, float* out, CudaBackend& be) {
   DI_CHECK(sparse_attention_mma_fits(q, heads, dh, keys, len));
   const int64_t nblk = (len + kBlock - 1) / kBlock;
-  const int head_tiles = (heads + kHeadTile - 1) / kHeadTile;
-  const size_t tile_bytes = kBlock * static_cast<size_t>(std::min(dh, kScoreCols) + kPad) * 2;  // one staged slice
-  const size_t smem_scores = 2 * tile_bytes, smem_values = tile_bytes + kHeadTile * kPStride * 2;
   static const bool attr_set = [] {
-    const size_t most = 2 * kBlock * static_cast<size_t>(kScoreCols + kPad) * 2;
-    DI_CUDA_CHECK(cudaFuncSetAttribute(attn_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
-    DI_CUDA_CHECK(cudaFuncSetAttribute(attn_values_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
+    const auto allow = [](auto kernel, int ht) {
+      const size_t most = (kBlock + ht) * static_cast<size_t>(kScoreCols + kPad) * 2;
+      DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
+    };
+    allow(attn_scores_kernel<16>, 16);
+    allow(attn_scores_kernel<32>, 32);
+    allow(attn_scores_kernel<64>, 64);
+    allow(attn_values_kernel, kHeadTile);  // more than its kBlock x 264 + 64 x 72 bf16
     return true;
   }();
   (void)attr_set;
@@ -364,11 +420,22 @@ void sparse_attention_mma(int64_t s, int heads, int dh, const float* q, const At
   Tensor part = be.alloc(TType::kF32, {n * heads * nblk, dh + 2});
   for (int64_t r0 = 0; r0 < s; r0 += rows_per_launch) {
     const int64_t rows = std::min(rows_per_launch, s - r0);
-    const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(head_tiles), static_cast<unsigned>(nblk));
-    ::di::cuda::launch(attn_scores_kernel, grid, kThreads, smem_scores, q + r0 * heads * dh, keys, idx + r0 * len, len,
+    const LaunchShape shape = launch_shape(rows, heads, dh, nblk);
+    const size_t key_tile = kBlock * static_cast<size_t>(std::min(dh, kScoreCols) + kPad) * 2;  // staged keys
+    const size_t smem_scores = key_tile + static_cast<size_t>(shape.head_tile) * (std::min(dh, kScoreCols) + kPad) * 2;
+    const size_t smem_values =
+        kBlock * static_cast<size_t>(std::min(shape.slice_dims, kScoreCols) + kPad) * 2 + kHeadTile * kPStride * 2;
+    const int score_tiles = (heads + shape.head_tile - 1) / shape.head_tile;
+    const int value_tiles = (heads + kHeadTile - 1) / kHeadTile * (dh / shape.slice_dims);  // head tiles x slices
+    const dim3 score_grid(static_cast<unsigned>(rows), static_cast<unsigned>(score_tiles), static_cast<unsigned>(nblk));
+    const dim3 value_grid(static_cast<unsigned>(rows), static_cast<unsigned>(value_tiles), static_cast<unsigned>(nblk));
+    auto* scores_kernel = shape.head_tile == 16   ? attn_scores_kernel<16>
+                          : shape.head_tile == 32 ? attn_scores_kernel<32>
+                                                  : attn_scores_kernel<64>;
+    ::di::cuda::launch(scores_kernel, score_grid, kThreads, smem_scores, q + r0 * heads * dh, keys, idx + r0 * len, len,
                        heads, dh, scale, scores.f32(), bmax.f32());
-    ::di::cuda::launch(attn_values_kernel, grid, kThreads, smem_values, keys, idx + r0 * len, len, heads, dh,
-                       scores.f32(), bmax.f32(), part.f32());
+    ::di::cuda::launch(attn_values_kernel, value_grid, kThreads, smem_values, keys, idx + r0 * len, len, heads, dh,
+                       shape.slice_dims, scores.f32(), bmax.f32(), part.f32());
     combine_splits(part.f32(), static_cast<int>(nblk), rows, heads, dh, sink, sink_t, out + r0 * heads * dh);
   }
 }
