@@ -115,6 +115,17 @@ TEST_F(AttentionOps, HcMixes) {
   check_hc_mixes(*this, r, 4, 5120, 64, true, 1e-20f, 20);
   check_hc_mixes(*this, r, 4, 96, 300, false, 1e-6f, 20);
   check_hc_mixes(*this, r, 8, 130, 3, false, 1e-6f, 5);  // hc 8: 80 mixes, 64 comb elements
+  // The finish kernel per hc: comb elements in one warp slot (hc <= 5) or two (hc 6..8, the second
+  // partly spare); hc 1 a single element; one Sinkhorn iteration (column normalisation only).
+  check_hc_mixes(*this, r, 1, 512, 3, false, 1e-6f, 20);
+  check_hc_mixes(*this, r, 3, 100, 4, false, 1e-6f, 1);
+  check_hc_mixes(*this, r, 5, 200, 2, false, 1e-6f, 20);
+  check_hc_mixes(*this, r, 6, 300, 3, true, 1e-6f, 20);
+  check_hc_mixes(*this, r, 7, 100, 2, false, 1e-6f, 20);
+  // More chunks than one pass of the finish kernel's loads covers (16 per thread: 160 chunks at hc 4,
+  // 48 at hc 8): 187 and 64 chunks.
+  check_hc_mixes(*this, r, 4, 12000, 1, false, 1e-6f, 20);
+  check_hc_mixes(*this, r, 8, 2048, 1, false, 1e-6f, 20);
 }
 
 TEST_F(AttentionOps, HcPrePostStreamMean) {

@@ -13,12 +13,14 @@ namespace {
 
 using cuda::attn::WType;
 
-constexpr int kMaxHc = 8;          // comb is hc x hc in shared memory
+constexpr int kMaxHc = 8;          // the finish kernel is instantiated for hc = 1..kMaxHc
 constexpr int kDotThreads = 256;   // hc_mixes_dots: one CTA per (K chunk, row)
 constexpr int kDotWarps = kDotThreads / 32;
 constexpr int kDotAcc = 24;        // fp64 accumulators per thread per pass over the chunk (mix = 24 at hc 4)
-constexpr int kFinThreads = 256;   // hc_mixes_finish: >= mix and >= hc * hc; one per mean-square chain
-constexpr int kFinStage = 2048;    // hc_mixes_finish: partials staged per pass (16 KB; >= mix)
+constexpr int kFinThreads = 256;   // hc_mixes_finish: one per chain of the row's mean square
+constexpr int kFinGroups = 16;     // hc_mixes_finish: at most this many threads share a mix's chunk sums
+constexpr int kFinLoads = 16;      // hc_mixes_finish: partial loads in flight per thread
+constexpr unsigned kAllLanes = 0xffffffffu;
 
 __device__ __forceinline__ float sigmoid_ref(float x) {
   return __fdiv_rn(1.0f, __fadd_rn(1.0f, cuda::attn::exp_ref(-x)));
@@ -70,108 +72,189 @@ __global__ void hc_mixes_dots_kernel(const float* __restrict__ x, int64_t n, int
   }
 }
 
-// hc_mixes_finish_kernel's first statement. x was written before the dots kernel that this one
-// follows, and under PDL that kernel released this one only after its own wait: x is complete here,
-// so the row's sum of squares runs before the wait for the dots' partials.
-__device__ __forceinline__ float sum_squares_then_wait(const float* __restrict__ x, int64_t n) {
-  const float ss = cuda::block_sum_squares_exact<kFinThreads>(x, n);
-  ::di::cuda::grid_dependency_wait();
-  return ss;
+// The finish kernel's shape at hc streams: mix = (2 + hc) hc mixes per row; the hc x hc comb elements
+// in warp 0, element e in slot e / 32 of lane e % 32; the chunk partials of a mix summed by `groups`
+// threads (each a fixed subset of the chunks), then across the groups.
+template <int kHc>
+struct FinishShape {
+  static constexpr int kMix = (2 + kHc) * kHc;
+  static constexpr int kComb = kHc * kHc;
+  static constexpr int kSlots = (kComb + 31) / 32;
+  static constexpr int kGroups = std::min(kFinGroups, kFinThreads / kMix);
+};
+
+// The comb element in slot s of warp 0's lane. Spare slots mirror the last element: every lane then
+// shuffles and divides real values (no lane takes __fdiv_rn's slow path on a dummy), and stores nothing.
+template <int kHc>
+__device__ __forceinline__ int comb_elem(int lane, int s) {
+  return min(lane + 32 * s, kHc * kHc - 1);
 }
 
-// Stage 2, one CTA per row: the row's mean square in cpu::sum_squares' exact fp32 order, rs = 1 /
-// sqrt(ss / n + eps) (here rather than in CTAs of stage 1: there, beside the dot CTAs, it made the
-// dots kernel 42 -> 91 us at batch 64); the chunk sums in chunk order (fp64); then the fp32 epilogue
-// in the CPU's order - sigmoids, softmax rows, Sinkhorn - with one thread per comb element (every
-// row / column sum is recomputed by each of its elements in the CPU's sequential order, so no sum is
-// reordered).
+// The pre / post mix that warp 1's lane finishes (spare lanes mirror the last one and store nothing).
+template <int kHc>
+__device__ __forceinline__ int pre_post_mix(int lane) {
+  return min(lane, 2 * kHc - 1);
+}
+
+// Comb element e, read from the slot of warp 0 that holds it; every lane of warp 0 calls it at once.
+template <int kSlots>
+__device__ __forceinline__ float comb_at(const float (&v)[kSlots], int e) {
+  float r = __shfl_sync(kAllLanes, v[0], e % 32);
+#pragma unroll
+  for (int s = 1; s < kSlots; ++s) {
+    const float o = __shfl_sync(kAllLanes, v[s], e % 32);
+    if (e / 32 == s) r = o;
+  }
+  return r;
+}
+
+// v[0] + ... + v[N - 1] as a fixed tree (first half + second half): log2 N dependent adds, not N.
+template <int N>
+__device__ __forceinline__ double tree_sum(const double* v) {
+  if constexpr (N == 1) return v[0];
+  else return tree_sum<N / 2>(v) + tree_sum<N - N / 2>(v + N / 2);
+}
+
+// What a finish CTA reads before the wait, so that none of it is on the path after the wait.
+template <int kHc>
+struct FinishRow {
+  float rs;                                  // 1 / sqrt(ss / n + eps), the CPU's fp32 order
+  float scale[3];                            // pre, post, comb
+  float base[FinishShape<kHc>::kSlots];      // warp 0: its slots' comb elements; warp 1: its pre / post mix
+};
+
+// hc_mixes_finish_kernel's first statement. x was written before the dots kernel that this one
+// follows, and under PDL that kernel released this one only after its own wait: x is complete here,
+// so the row's sum of squares runs before the wait for the dots' partials, and so do rs and the
+// loads of the (never written) scale and base weights.
+template <int kHc>
+__device__ __forceinline__ FinishRow<kHc> row_inputs_then_wait(const float* __restrict__ x, int64_t n, float norm_eps,
+                                                               const uint8_t* scale, WType scale_t,
+                                                               const uint8_t* base, WType base_t) {
+  const float ss = cuda::block_sum_squares_exact<kFinThreads>(x, n);
+  FinishRow<kHc> row;
+  row.rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), norm_eps)));
+#pragma unroll
+  for (int i = 0; i < 3; ++i) row.scale[i] = cuda::attn::weight_elem(scale, scale_t, i);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int s = 0; s < FinishShape<kHc>::kSlots; ++s) {
+    row.base[s] = 0.0f;
+    if (warp == 0) row.base[s] = cuda::attn::weight_elem(base, base_t, 2 * kHc + comb_elem<kHc>(lane, s));
+    else if (warp == 1 && s == 0) row.base[s] = cuda::attn::weight_elem(base, base_t, pre_post_mix<kHc>(lane));
+  }
+  ::di::cuda::grid_dependency_wait();
+  return row;
+}
+
+// Stage 2, one CTA per row, bit-compatible with the CPU except for the fp64 order of the dot sums:
+//  - the chunk sums (fp64): thread (g, i) sums mix i over chunks g, g + groups, ... with all its loads
+//    in flight, in a fixed tree; then each mix's groups in a fixed tree. The order depends on splits
+//    and hc only (batch-invariant mode fixes splits), and no thread runs a chain of `splits` adds;
+//  - warp 1: the pre / post sigmoids;
+//  - warp 0: the comb's row softmax and Sinkhorn in registers, in the CPU's fp32 order: every row /
+//    column sum gathers its hc operands by shuffles and adds them q = 0.. hc - 1 from 0, then + eps,
+//    then one __fdiv_rn per element (no shared memory or barrier between the 2 iters - 1 steps).
+template <int kHc>
 __global__ void __launch_bounds__(kFinThreads)
     hc_mixes_finish_kernel(const double* __restrict__ part, const float* __restrict__ x, int64_t n, float norm_eps,
-                           int splits, int hc, const uint8_t* scale, WType scale_t, const uint8_t* base,
-                           WType base_t, int sinkhorn_iters, float hc_eps, float* __restrict__ out) {
-  const float ss = sum_squares_then_wait(x + blockIdx.x * n, n);
-  const int mix = (2 + hc) * hc;
+                           int splits, const uint8_t* scale, WType scale_t, const uint8_t* base, WType base_t,
+                           int sinkhorn_iters, float hc_eps, float* __restrict__ out) {
+  const FinishRow<kHc> row = row_inputs_then_wait<kHc>(x + blockIdx.x * n, n, norm_eps, scale, scale_t, base, base_t);
+  using Shape = FinishShape<kHc>;
+  constexpr int kMix = Shape::kMix, kGroups = Shape::kGroups, kSlots = Shape::kSlots;
   const int64_t r = blockIdx.x;
-  const int t = threadIdx.x;
-  __shared__ float m[(2 + kMaxHc) * kMaxHc];
-  __shared__ float comb[kMaxHc * kMaxHc];
-  __shared__ double staged[kFinStage];
-  const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), norm_eps)));
-  // The chunk sums in chunk order. The row's partials come through shared memory, a stage at a time
-  // with every load in flight (summing straight from global memory was a round trip per chunk).
-  const double* pr = part + r * splits * mix;
-  const int per_stage = kFinStage / mix;  // chunks per stage
-  double sum = 0;
-  for (int c0 = 0; c0 < splits; c0 += per_stage) {
-    const int total = min(per_stage, splits - c0) * mix, nc = total / mix;
-    for (int i0 = t; i0 < total; i0 += kFinThreads * 8) {  // 8 loads in flight per thread
-      double v[8];
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  __shared__ double group_sum[kGroups][kMix];  // [group, mix]
+  if (t < kGroups * kMix) {
+    const int g = t / kMix;
+    const double* p = part + r * splits * kMix + t;  // part [rows, splits, mix]: chunk g, mix t % mix
+    double acc = 0;
+    for (int c0 = g; c0 < splits; c0 += kFinLoads * kGroups) {
+      double v[kFinLoads];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = i0 + j * kFinThreads < total ? pr[c0 * mix + i0 + j * kFinThreads] : 0.0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (i0 + j * kFinThreads < total) staged[i0 + j * kFinThreads] = v[j];
+      for (int q = 0; q < kFinLoads; ++q) {
+        const int c = c0 + q * kGroups;
+        v[q] = c < splits ? p[static_cast<int64_t>(c - g) * kMix] : 0.0;
+      }
+      acc += tree_sum<kFinLoads>(v);
     }
-    __syncthreads();
-    if (t < mix)
-      for (int c = 0; c < nc; ++c) sum += staged[c * mix + t];
-    __syncthreads();
-  }
-  if (t < mix) m[t] = __fmul_rn(static_cast<float>(sum), rs);
-  __syncthreads();
-  float* o = out + r * mix;
-  const float sc0 = cuda::attn::weight_elem(scale, scale_t, 0), sc1 = cuda::attn::weight_elem(scale, scale_t, 1),
-              sc2 = cuda::attn::weight_elem(scale, scale_t, 2);
-  auto bs = [&](int j) { return cuda::attn::weight_elem(base, base_t, j); };
-  if (t < hc) o[t] = __fadd_rn(sigmoid_ref(__fadd_rn(__fmul_rn(m[t], sc0), bs(t))), hc_eps);
-  else if (t < 2 * hc) o[t] = __fmul_rn(2.0f, sigmoid_ref(__fadd_rn(__fmul_rn(m[t], sc1), bs(t))));
-  const bool own = t < hc * hc;
-  const int j = own ? t / hc : 0, k = own ? t % hc : 0;  // this thread's comb element (row j, column k)
-  float v = own ? __fadd_rn(__fmul_rn(m[2 * hc + t], sc2), bs(2 * hc + t)) : 0.0f;
-  if (own) comb[t] = v;
-  __syncthreads();
-  // softmax over each row, + eps
-  if (own) {
-    float mx = comb[j * hc];
-    for (int q = 1; q < hc; ++q) mx = cuda::attn::std_max(mx, comb[j * hc + q]);
-    float sum = 0;
-    for (int q = 0; q < hc; ++q) sum = __fadd_rn(sum, cuda::attn::exp_ref(__fsub_rn(comb[j * hc + q], mx)));
-    v = __fadd_rn(__fdiv_rn(cuda::attn::exp_ref(__fsub_rn(v, mx)), sum), hc_eps);
+    group_sum[g][t % kMix] = acc;
   }
   __syncthreads();
-  if (own) comb[t] = v;
-  __syncthreads();
-  // The Sinkhorn steps touch only the comb's threads: one warp's barrier when they fit in warp 0
-  // (hc <= 5), and each thread's hc operands load before its sequential sum.
-  const bool one_warp = hc * hc <= 32;
-  auto sync = [&] {
-    if (one_warp) __syncwarp();
-    else __syncthreads();
-  };
-  auto norm = [&](int first, int step) {  // v /= (sum of comb[first + step q], q ascending) + eps
-    if (own) {
-      float c[kMaxHc];
+  // The CPU's m[i]: the row's dot sum for mix i rounded to fp32, times rs.
+  auto mix_value = [&](int i) {
+    double v[kGroups];
 #pragma unroll
-      for (int q = 0; q < kMaxHc; ++q) c[q] = q < hc ? comb[first + step * q] : 0.0f;
+    for (int g = 0; g < kGroups; ++g) v[g] = group_sum[g][i];
+    return __fmul_rn(static_cast<float>(tree_sum<kGroups>(v)), row.rs);
+  };
+  float* o = out + r * kMix;
+  if (warp == 1) {
+    const int i = pre_post_mix<kHc>(lane);
+    const float m = mix_value(i);
+    if (lane < kHc) o[i] = __fadd_rn(sigmoid_ref(__fadd_rn(__fmul_rn(m, row.scale[0]), row.base[0])), hc_eps);
+    else if (lane < 2 * kHc) o[i] = __fmul_rn(2.0f, sigmoid_ref(__fadd_rn(__fmul_rn(m, row.scale[1]), row.base[0])));
+  }
+  if (warp != 0) return;
+  float v[kSlots];      // this lane's comb elements
+  int row0[kSlots];     // their rows' first elements (j hc)
+  int col[kSlots];      // their columns (k)
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int e = comb_elem<kHc>(lane, s);
+    row0[s] = e / kHc * kHc;
+    col[s] = e % kHc;
+    v[s] = __fadd_rn(__fmul_rn(mix_value(2 * kHc + e), row.scale[2]), row.base[s]);
+  }
+  // softmax over each row, + eps: the row max in q order, then the sum of the row's exps (each lane
+  // computes its own exp once; the row's lanes computed theirs against the same max).
+  float ex[kSlots];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    float mx = comb_at(v, row0[s]);
+#pragma unroll
+    for (int q = 1; q < kHc; ++q) mx = cuda::attn::std_max(mx, comb_at(v, row0[s] + q));
+    ex[s] = cuda::attn::exp_ref(__fsub_rn(v[s], mx));
+  }
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    float sum = 0;
+#pragma unroll
+    for (int q = 0; q < kHc; ++q) sum = __fadd_rn(sum, comb_at(ex, row0[s] + q));
+    v[s] = __fadd_rn(__fdiv_rn(ex[s], sum), hc_eps);
+  }
+  // v /= (sum of the elements operand(s, q), q ascending) + eps; every operand is gathered before any
+  // slot changes.
+  auto norm = [&](auto operand) {
+    float d[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
       float sum = 0;
 #pragma unroll
-      for (int q = 0; q < kMaxHc; ++q)
-        if (q < hc) sum = __fadd_rn(sum, c[q]);
-      v = __fdiv_rn(v, __fadd_rn(sum, hc_eps));
+      for (int q = 0; q < kHc; ++q) sum = __fadd_rn(sum, comb_at(v, operand(s, q)));
+      d[s] = __fadd_rn(sum, hc_eps);
     }
-    sync();
-    if (own) comb[t] = v;
-    sync();
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) v[s] = __fdiv_rn(v[s], d[s]);
   };
-  auto col_norm = [&] { norm(k, hc); };
-  auto row_norm = [&] { norm(j * hc, 1); };
+  auto col_norm = [&] { norm([&](int s, int q) { return q * kHc + col[s]; }); };
+  auto row_norm = [&] { norm([&](int s, int q) { return row0[s] + q; }); };
   col_norm();
   for (int it = 0; it + 1 < sinkhorn_iters; ++it) {
     row_norm();
     col_norm();
   }
-  if (own) o[2 * hc + t] = v;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s)
+    if (lane + 32 * s < Shape::kComb) o[2 * kHc + lane + 32 * s] = v[s];
 }
+
+using FinishKernel = void (*)(const double*, const float*, int64_t, float, int, const uint8_t*, WType,
+                              const uint8_t*, WType, int, float, float*);
+constexpr FinishKernel kFinishKernels[kMaxHc] = {
+    hc_mixes_finish_kernel<1>, hc_mixes_finish_kernel<2>, hc_mixes_finish_kernel<3>, hc_mixes_finish_kernel<4>,
+    hc_mixes_finish_kernel<5>, hc_mixes_finish_kernel<6>, hc_mixes_finish_kernel<7>, hc_mixes_finish_kernel<8>};
 
 // out[r, i] = bf16(sum_k pre[k] x[r, k, i]): reads hc x D, writes D per row.
 __global__ void hc_pre_kernel(const float* __restrict__ x, const float* __restrict__ mix, int64_t mw, int hc,
@@ -253,8 +336,8 @@ Tensor CudaBackend::hc_mixes(const Tensor& x, int hc, const Weight& fn, const We
                : fn_t == WType::kF16 ? hc_mixes_dots_kernel<WType::kF16>
                                      : hc_mixes_dots_kernel<WType::kF32>;
   ::di::cuda::launch(dots, grid, kDotThreads, 0, x.f32(), n, mix, chunk, splits, cuda::wdata(fn), partials);
-  ::di::cuda::launch(hc_mixes_finish_kernel, static_cast<unsigned>(s), kFinThreads, 0,
-                     reinterpret_cast<const double*>(part.f32()), x.f32(), n, norm_eps, splits, hc, cuda::wdata(scale),
+  ::di::cuda::launch(kFinishKernels[hc - 1], static_cast<unsigned>(s), kFinThreads, 0,
+                     reinterpret_cast<const double*>(part.f32()), x.f32(), n, norm_eps, splits, cuda::wdata(scale),
                      sc_t, cuda::wdata(base), bs_t, sinkhorn_iters, hc_eps, out.f32());
   return out;
 }
