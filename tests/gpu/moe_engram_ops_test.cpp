@@ -2,6 +2,12 @@
 // Tolerances:
 //  - moe_route: expert ids EXACTLY (compared as per-row sets: the CPU's order within a row is
 //    std::nth_element's), weights within 1e-6 absolute (ulp-level exp/log1p and sum-order differences).
+//  - router logits (cuda::moe::router_logits, checked directly): every logit within one fp32 ulp of
+//    the CPU's kF32 linear, and at most max(2, 0.1%) of them not bit-identical (both sum exact fp32 x
+//    bf16 products in fp64 in different orders, so they round to different fp32 values only when the
+//    sum lies within fp64 rounding error of an fp32 rounding boundary: roughly 1e-5 per logit at D = 5120).
+//    A row computed alone must give the same bits as in the batch (the launch shape follows the row
+//    count, the summation order must not).
 //  - moe_experts: relative L2 <= 1e-3 (GEMM and sum orders differ; bf16 outputs).
 //  - engram_lookup: bit-exact (a product of two exact values, rounded once).
 //  - engram_inject: relative L2 <= 1e-3 and at most 1% of values differing (fp32 reductions in a
@@ -9,12 +15,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <utility>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/moe_kernels.cuh"
 #include "gpu_test_util.h"
 
 namespace di {
@@ -70,8 +78,9 @@ TEST_F(MoeEngramOps, RouteMatchesCpu) {
       for (int64_t rows : {1, 7, 40}) check_route(*this, *cpu, *gpu, rng(), n_exp, top_k, rows, 1.0f, 1.5f);
 }
 
-// V4.1's router shape (hidden 5120, 384 experts, top 6; the bf16 gate's 16-byte path), at 1 to 203
-// rows, and an expert count that leaves warps of the last CTA without an expert.
+// V4.1's router shape (hidden 5120, 384 experts, top 6; the bf16 gate's tensor-core path), at 1 to 203
+// rows (each of its three tile shapes), and an expert count that leaves warps of the last CTA without
+// an expert.
 TEST_F(MoeEngramOps, RouteAtModelWidth) {
   for (int64_t rows : {1, 5, 64, 203}) check_route(*this, *cpu, *gpu, rng(), 384, 6, rows, 1.0f, 2.5f, 5120);
   check_route(*this, *cpu, *gpu, rng(), 20, 6, 9, 1.0f, 2.5f, 5120);
@@ -83,6 +92,63 @@ TEST_F(MoeEngramOps, RouteEdgeCases) {
   check_route(*this, *cpu, *gpu, rng(), 256, 6, 7, 1.0f, 1.5f);   // the model's width (several experts per lane)
   check_route(*this, *cpu, *gpu, rng(), 384, 6, 65, 1.0f, 1.5f);  // V4.1's 384 experts, rows past a multiple of 8
   check_route(*this, *cpu, *gpu, rng(), 40, 6, 13, 1.0f, 1.5f, 700);  // a width not a multiple of the lanes' loads
+}
+
+// logits[s, E] of the router's gate on the device (router_logits, a device call: CUDA backend only).
+std::vector<float> gpu_router_logits(Backend& gpu, const std::vector<float>& x, int64_t rows, int64_t d,
+                                     const Weight& gate) {
+  const Tensor xg = gpu.from_host_f32(x, {rows, d});
+  Tensor out = gpu.alloc(TType::kF32, {rows, gate.rows});
+  cuda::moe::router_logits(xg.f32(), static_cast<const uint8_t*>(gate.device.get()), gate.dtype, rows, gate.rows, d,
+                           out.f32());
+  return gpu.to_host_f32(out);
+}
+
+void check_router_logits(MoeEngramOps& t, Backend& cpu, Backend& gpu, Rng& rng, int64_t rows, int64_t n_exp,
+                         int64_t d) {
+  SCOPED_TRACE("rows=" + std::to_string(rows) + " experts=" + std::to_string(n_exp) + " d=" + std::to_string(d));
+  gputest::TensorPair x = gputest::random_tensor_pair(rng, cpu, gpu, {rows, d});
+  OwnedWeight gate = gputest::random_bf16_weight(rng, n_exp, d, gpu, 0.05f, WeightMode::kF32);
+  Weight g32 = gate.w;
+  g32.mode = WeightMode::kF32;  // as CpuBackend::moe_route: the gate promoted to fp32, summed in fp64
+  const std::vector<float> want = cpu.to_host_f32(cpu.linear(x.cpu, g32));
+  const std::vector<float> got = gpu_router_logits(gpu, x.host, rows, d, gate.w);
+  ASSERT_EQ(got.size(), want.size());
+  int64_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    ++differ;
+    const bool ulp = got[i] == std::nextafter(want[i], INFINITY) || got[i] == std::nextafter(want[i], -INFINITY);
+    ASSERT_TRUE(ulp) << "logit " << i << " (row " << i / n_exp << ", expert " << i % n_exp << "): gpu " << got[i]
+                     << " cpu " << want[i] << ", " << t.seed_note();
+  }
+  const int64_t allowed = std::max<int64_t>(2, static_cast<int64_t>(got.size()) / 1000);
+  std::printf("  router_logits rows=%lld E=%lld d=%lld: %lld of %zu one ulp off\n", static_cast<long long>(rows),
+              static_cast<long long>(n_exp), static_cast<long long>(d), static_cast<long long>(differ), got.size());
+  EXPECT_LE(differ, allowed) << t.seed_note();
+  if (rows == 1) return;
+  for (int64_t r : {int64_t{0}, rows - 1}) {  // the row alone: the same bits
+    const std::vector<float> row(x.host.begin() + r * d, x.host.begin() + (r + 1) * d);
+    const std::vector<float> alone = gpu_router_logits(gpu, row, 1, d, gate.w);
+    for (int64_t e = 0; e < n_exp; ++e)
+      ASSERT_EQ(std::bit_cast<uint32_t>(alone[e]), std::bit_cast<uint32_t>(got[r * n_exp + e]))
+          << "row " << r << " expert " << e << " alone vs in a batch of " << rows << ", " << t.seed_note();
+  }
+}
+
+// The BF16 gate's tensor-core path at odd sizes: 1 / 3 rows (8-row tiles, splits summed by the tile's
+// last CTA), 20 rows (32-row tiles), 64 / 70 rows (64-row tiles; these two: split CTAs and a reduce
+// kernel), 384 and 72 experts (a partial 32-expert tile), D = 5120 (20 splits of 256) and 136 (one
+// split ending inside a 32-wide k-group); 9 rows x 20 experts x D = 264 (a partial n8 tile, a second
+// split of 8); 6000 rows x 72 experts x D = 520: 282 tiles, over two per SM on a 132-SM H200, so each
+// CTA runs all three splits itself.
+TEST_F(MoeEngramOps, RouteLogitsMatchCpu) {
+  if (gpu->name() != "cuda") GTEST_SKIP() << "router_logits is a device call";
+  for (int64_t rows : {1, 3, 20, 64, 70})
+    for (int64_t n_exp : {384, 72})
+      for (int64_t d : {5120, 136}) check_router_logits(*this, *cpu, *gpu, rng(), rows, n_exp, d);
+  check_router_logits(*this, *cpu, *gpu, rng(), 9, 20, 264);
+  check_router_logits(*this, *cpu, *gpu, rng(), 6000, 72, 520);
 }
 
 // ---- moe_experts ----------------------------------------------------------------------------------

@@ -44,8 +44,10 @@
 //    expert-id order from zero, then + shared expert -> invariant. Shared expert: linear().
 //  - moe_experts, listed fallback (mixed expert formats): per-expert linear() (policy above), scatter-
 //    add per token in expert-id order -> invariant through linear.
-//  - moe_route: logits one warp per (expert, row) in fp64; 16-byte loads chosen by D and the base
-//    alignment (a row's offset is a multiple of 32 bytes when D % 8 == 0); selection one CTA per row
+//  - moe_route: logits of a BF16 gate on the FP64 tensor cores (moe_route_dmma.cu, taken by D % 8 and
+//    the base alignment): tile shape, split CTAs vs splits inside a CTA, and the tile's fix-up vs a
+//    reduce kernel follow M, but every path sums a row's 256-K split chains in split order from zero
+//    (K order from D alone); other gates one warp per (expert, row) in fp64; selection one CTA per row
 //    -> already invariant.
 //  - rmsnorm (one CTA per row, the CPU's order), index_scores (one thread per (row, position), the
 //    tile width from heads x hd), softmax_pool (serial per channel), engram_inject (one 256-thread CTA

@@ -13,7 +13,7 @@ namespace di::cuda {
 enum class Ws : int {
   kActCodes,    // E4M3 codes of a linear's activation
   kActScales,   // their per-32 scales (f32)
-  kPartial,     // split-K partial sums (f32)
+  kPartial,     // split-K partial sums (f32; fp64 for the router logits)
   kCounters,    // split-K arrival counters (u32, kept zero)
   kMoeLists,    // routing lists: offsets, active experts, tokens / slots / positions per entry
   kMoeXCodes,   // the MoE input, quantized once for all experts

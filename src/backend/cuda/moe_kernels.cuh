@@ -18,6 +18,10 @@ inline constexpr int kMaxTopK = 32;
 void router_logits(const float* x, const uint8_t* gate, DType gate_dtype, int64_t s, int64_t e, int64_t d,
                    float* logits);
 
+// router_logits' BF16-gate path on the FP64 tensor cores (moe_route_dmma.cu). Returns false, launching
+// nothing, when D % 8 != 0 or x / gate are not 16-byte aligned (the CUDA-core kernel takes those).
+bool router_logits_bf16_dmma(const float* x, const uint8_t* gate, int64_t s, int64_t e, int64_t d, float* logits);
+
 // Per row: scores sqrt(softplus(logit / temp)), top_k by score + bias (ties to the lowest expert
 // id), weights = scores renormalised (+1e-20, top_k > 1) x route_scale. Output order: by biased
 // score, descending. bias: E values of bias_dtype (BF16, F16 or F32).

@@ -1,5 +1,7 @@
 // MoE router on the GPU: fp32 logits with fp64 accumulation (the CPU's kF32 linear of the gate),
 // then sqrt(softplus) scores, biased top-k selection and renormalised weights, one CTA per row.
+// A BF16 gate with D % 8 == 0 and 16-byte aligned x / gate takes the FP64 tensor cores
+// (moe_route_dmma.cu); F16 / F32 gates and the other shapes take the CUDA-core kernel here.
 #include <climits>
 #include <cmath>
 #include <string>
@@ -19,17 +21,11 @@ __device__ __forceinline__ double warp_sum(double v) {
   return v;
 }
 
-// Two bf16 values packed in a 32-bit word, low half first.
-__device__ __forceinline__ double dot2_bf16(float a, float b, uint32_t w) {
-  return static_cast<double>(a) * bf16_bits_to_float(static_cast<uint16_t>(w & 0xffffu)) +
-         static_cast<double>(b) * bf16_bits_to_float(static_cast<uint16_t>(w >> 16));
-}
-
 // One warp per (expert, row): D fp32 activations + D gate values in, 2*D fp64 FLOPs; the gate
 // (E*D*2 bytes) stays in L2 across rows. fp32 x fp32 products are exact in fp64, so the sum is
 // within an ulp of exact for any order and rounds to the CPU's fp32 value (but for rare halfway
-// cases). kVec8: BF16 gate with D % 8 == 0 and 16-byte aligned rows (16-byte loads).
-template <ElemType T, bool kVec8>
+// cases).
+template <ElemType T>
 __global__ void router_logits_kernel(const float* __restrict__ x, const uint8_t* __restrict__ gate, int64_t s,
                                      int64_t n_exp, int64_t d, float* __restrict__ logits) {
   ::di::cuda::grid_dependency_wait();
@@ -39,29 +35,8 @@ __global__ void router_logits_kernel(const float* __restrict__ x, const uint8_t*
   for (int64_t r = blockIdx.y; r < s; r += gridDim.y) {
     const float* xr = x + r * d;
     double acc = 0;
-    if constexpr (kVec8) {
-      const uint4* g = reinterpret_cast<const uint4*>(gate + e * d * 2);
-      const float4* xv = reinterpret_cast<const float4*>(xr);
-      constexpr int kU = 4;  // loads of kU steps in flight (one step at a time was a round trip each)
-      const int64_t steps = d / 8;
-      for (int64_t i0 = lane; i0 < steps; i0 += 32 * kU) {
-        uint4 gw[kU];
-        float4 a[kU], b[kU];
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int64_t i = i0 + 32 * u;
-          if (i < steps) gw[u] = g[i], a[u] = xv[2 * i], b[u] = xv[2 * i + 1];
-        }
-#pragma unroll
-        for (int u = 0; u < kU; ++u)  // the same order as one step at a time
-          if (i0 + 32 * u < steps)
-            acc += dot2_bf16(a[u].x, a[u].y, gw[u].x) + dot2_bf16(a[u].z, a[u].w, gw[u].y) +
-                   dot2_bf16(b[u].x, b[u].y, gw[u].z) + dot2_bf16(b[u].z, b[u].w, gw[u].w);
-      }
-    } else {
-      for (int64_t i = lane; i < d; i += 32)
-        acc += static_cast<double>(xr[i]) * static_cast<double>(load_elem<T>(gate, e * d + i));
-    }
+    for (int64_t i = lane; i < d; i += 32)
+      acc += static_cast<double>(xr[i]) * static_cast<double>(load_elem<T>(gate, e * d + i));
     acc = warp_sum(acc);
     if (lane == 0) logits[r * n_exp + e] = static_cast<float>(acc);
   }
@@ -138,14 +113,10 @@ __global__ void __launch_bounds__(kSelThreads)
 
 template <ElemType T>
 void launch_logits(const float* x, const uint8_t* gate, int64_t s, int64_t e, int64_t d, float* logits) {
+  if (T == ElemType::kBf16 && router_logits_bf16_dmma(x, gate, s, e, d, logits)) return;
   constexpr int kWarps = 8;
   dim3 grid(static_cast<unsigned>((e + kWarps - 1) / kWarps), static_cast<unsigned>(s < 65535 ? s : 65535));
-  const bool vec = T == ElemType::kBf16 && d % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(gate) % 16 == 0;
-  if (vec)
-    ::di::cuda::launch(router_logits_kernel<T, true>, grid, kWarps * 32, 0, x, gate, s, e, d, logits);
-  else
-    ::di::cuda::launch(router_logits_kernel<T, false>, grid, kWarps * 32, 0, x, gate, s, e, d, logits);
+  ::di::cuda::launch(router_logits_kernel<T>, grid, kWarps * 32, 0, x, gate, s, e, d, logits);
 }
 
 }  // namespace
