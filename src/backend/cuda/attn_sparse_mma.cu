@@ -318,11 +318,18 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void combine_splits_kernel(const float* __restrict__ part, int splits, int heads, int dh,
                                       const uint8_t* sink, WType sink_t, float* __restrict__ out) {
   ::di::cuda::grid_dependency_wait();
-  extern __shared__ float wz[];  // [splits]
+  extern __shared__ float wz[];  // [splits] the splits' m, then their weights; then [splits] their l
+  float* lz = wz + splits;
   __shared__ float shared_max, shared_total;
   const int64_t rh = blockIdx.x;
   const float* pp = part + rh * splits * (dh + 2);
-  for (int z = threadIdx.x; z < splits; z += blockDim.x) wz[z] = pp[z * (dh + 2) + dh];
+  // every split's (m, l) in one parallel pass (thread 0 summed the l from global memory, a round trip
+  // per split), and the sink's logit before the first barrier
+  const float sink_logit = threadIdx.x == 0 ? weight_elem(sink, sink_t, rh % heads) : 0.0f;
+  for (int z = threadIdx.x; z < splits; z += blockDim.x) {
+    wz[z] = pp[z * (dh + 2) + dh];
+    lz[z] = pp[z * (dh + 2) + dh + 1];
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     float m = -1e30f;
@@ -335,8 +342,8 @@ __global__ void combine_splits_kernel(const float* __restrict__ part, int splits
   __syncthreads();
   if (threadIdx.x == 0) {
     float total = 0;
-    for (int z = 0; z < splits; ++z) total += pp[z * (dh + 2) + dh + 1] * wz[z];
-    shared_total = total + expf(weight_elem(sink, sink_t, rh % heads) - m);
+    for (int z = 0; z < splits; ++z) total += lz[z] * wz[z];
+    shared_total = total + expf(sink_logit - m);
   }
   __syncthreads();
   const float total = shared_total;
@@ -444,7 +451,12 @@ void combine_splits(const float* part, int splits, int64_t rows, int heads, int 
                     float* out) {
   if (rows * heads == 0) return;
   DI_CHECK_MSG(rows * heads < (1LL << 31) && splits <= 8192, "sparse_attention: too many rows or list splits");
-  ::di::cuda::launch(combine_splits_kernel, static_cast<unsigned>(rows * heads), 128, static_cast<size_t>(splits) * 4,
+  static const bool attr_set = [] {  // 8 bytes per split: 64 KB at the most splits
+    DI_CUDA_CHECK(cudaFuncSetAttribute(combine_splits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 8192 * 8));
+    return true;
+  }();
+  (void)attr_set;
+  ::di::cuda::launch(combine_splits_kernel, static_cast<unsigned>(rows * heads), 128, static_cast<size_t>(splits) * 8,
                      part, splits, heads, dh, sink, sink_t, out);
 }
 
