@@ -48,7 +48,7 @@ __global__ void router_logits_kernel(const float* __restrict__ x, const uint8_t*
 // The CPU picks torch.topk's elements (std::nth_element / partial_sort order); both agree unless two
 // biased fp32 scores tie exactly at the k-th place, which random or real router logits essentially
 // never do. The weights are summed in descending-score order (the CPU's order may differ: an ulp at most).
-constexpr int kSelThreads = 128;
+constexpr int kSelThreads = kMaxRouted;  // one score per thread: 128 threads computed three each in turn
 
 __global__ void __launch_bounds__(kSelThreads)
     router_select_kernel(const float* __restrict__ logits, const uint8_t* __restrict__ bias, ElemType bias_type,
