@@ -264,20 +264,24 @@ TEST_F(AttentionOps, SparseAttention) {
                                                  {3, 32, 48, 100, 130},     // tensor cores: half a head tile, dh 48
                                                  {2, 80, 64, 100, 100},     // two head tiles (64 + 16)
                                                  {3, 16, 272, 150, 160},    // scores staged in 256 + 16 columns
-                                                 // one row: small launches (16-head score tiles, dh
-                                                 // split over CTAs), partial last blocks
+                                                 // one row: small launches (16-head score tiles, 4 key
+                                                 // parts per block, dh split over CTAs), partial last
+                                                 // blocks
                                                  {1, 16, 64, 150, 100},
                                                  {1, 48, 192, 300, 130},
                                                  {1, 32, 512, 200, 200},
-                                                 {1, 64, 512, 800, 600}})
+                                                 {1, 64, 512, 800, 600},
+                                                 {5, 48, 512, 600, 520}})  // 2 key parts (132 SMs)
     check_sparse_attention(*this, r, c);
 }
 
-// The tensor-core path tiles a small launch finer (score CTAs of 16 or 32 heads instead of 64, the
-// values' dh split over CTAs) and must give the bits of the widest tiling: rows alone and in a batch
-// of 5 against the same rows inside a batch of ~600 (row x 64 heads x 64-key block) CTAs, which
-// takes the widest tiles (64 heads, 32 for 32 heads; whole dims) on a GPU of up to 300 SMs. Odd
-// shapes: 48 and 80 heads (partly filled tiles), dh 192 and 48, lists not a multiple of 64.
+// The tensor-core path tiles a small launch finer (score CTAs of 16 or 32 heads instead of 64, then
+// 2 or 4 CTAs per key block, the values' dh split over CTAs) and must give the bits of the widest
+// tiling: rows alone and in a batch of 5 against the same rows inside a batch of ~600 (row x 64 heads
+// x 64-key block) CTAs, which takes the widest tiles (64 heads, 32 for 32 heads, 16 for 16; whole key
+// blocks and dims) on a GPU of up to 300 SMs. On 132 SMs one row takes 4 key parts, and 5 rows 2 at
+// 64 heads x 600 keys, 48 x 520 and 16 x 1700. Odd shapes: 48 and 80 heads (partly filled tiles), dh
+// 192 and 48, lists not a multiple of 64.
 TEST_F(AttentionOps, SparseAttentionLaunchShapesExact) {
   Rng& r = rng();
   struct Case {
@@ -285,7 +289,8 @@ TEST_F(AttentionOps, SparseAttentionLaunchShapesExact) {
     int64_t dh, n_kv, len;
   };
   for (const Case& c : std::vector<Case>{
-           {48, 192, 300, 130}, {64, 512, 800, 600}, {32, 512, 200, 200}, {64, 48, 100, 70}, {80, 64, 100, 100}}) {
+           {48, 192, 300, 130}, {64, 512, 800, 600}, {32, 512, 200, 200}, {64, 48, 100, 70}, {80, 64, 100, 100},
+           {48, 512, 600, 520}, {16, 128, 2000, 1700}}) {
     const int64_t nblk = (c.len + 63) / 64, big = (600 + nblk - 1) / nblk, w = c.heads * c.dh;
     SCOPED_TRACE("heads=" + std::to_string(c.heads) + " dh=" + std::to_string(c.dh) + " L=" + std::to_string(c.len) +
                  " batch=" + std::to_string(big) + " " + seed_note());

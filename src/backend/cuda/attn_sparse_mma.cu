@@ -4,18 +4,22 @@
 // Two kernels, each with CTAs per (row, head tile, 64-key block):
 //  1. scores: the block's keys and the tile's queries staged as bf16 (exact: the model's queries
 //     leave RoPE and its keys leave qdq / unpacking as bf16 values), S = Q K^T x scale (-inf for -1
-//     ids) into a score buffer, and each head's block maximum;
-//  2. values: the running max the CPU holds at this block (the max of the block maxima so far, from
-//     -1e30), p = exp(s - max) in fp32 (summed into l), rounded to bf16 as the CPU rounds it, O = P V;
-//     the dh dims may be split over CTAs (dim slices), each computing the same probabilities;
+//     ids) into a score buffer, and each head's block maximum; the block's keys may be split over
+//     CTAs (key parts), each writing its part's maximum;
+//  2. values: the running max the CPU holds at this block (the max of the block maxima so far, over
+//     all their parts, from -1e30), p = exp(s - max) in fp32 (summed into l), rounded to bf16 as the
+//     CPU rounds it, O = P V; the dh dims may be split over CTAs (dim slices), each computing the
+//     same probabilities;
 // then combine_splits merges the blocks' (O, max, l) with the sink. This is the CPU's arithmetic up
 // to summation order and expf's ulps (which can round a probability to the neighbouring bf16), for
 // each row on its own: batch-invariant by construction. The CUDA-core kernel in cuda_attention.cu
 // re-staged every key block once per 16 heads, in fp32 (128 KB of shared memory per CTA).
 // A small grid (decode: a row's 640 keys are 10 blocks, 10 CTAs of 64 heads at batch 1) narrows the
-// scores kernel's head tile to 32 or 16 heads and splits the values kernel's dims, so that more SMs
-// work. Every score and output element is the same MMA chain (k in the same order) whatever the
-// tiling, and a block maximum the same max of the same scores, so the launch shape changes no bit.
+// scores kernel's head tile to 32 or 16 heads, then splits its key blocks into 2 or 4 parts, and
+// splits the values kernel's dims, so that more SMs work (batch 1 above: 160 score CTAs of 16 heads x
+// 16 keys, 80 value CTAs of 64 dims). Every score and output element is the same MMA chain (k in the
+// same order) whatever the tiling, and the running max the same max of the same scores, so the launch
+// shape changes no bit.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -36,6 +40,7 @@ constexpr int kHeadTile = 64;  // heads per CTA of the values kernel; the scores
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
 constexpr int kMinSliceDims = 64;  // the values kernel's narrowest dim slice: 32 dims (4 n8 tiles) per warp
+constexpr int kMaxKeyParts = 4;    // the scores kernel's most CTAs per key block: 16 keys (2 warps of 8) each
 constexpr int kPad = 8;        // bf16 padding per staged row: fragment loads hit 32 distinct banks
 constexpr int kPStride = kBlock + kPad;
 constexpr int kScoreCols = 256;  // dh columns the scores and values kernels stage at a time
@@ -55,21 +60,22 @@ __device__ __forceinline__ void ldmatrix_b_trans(const __nv_bfloat16* row_ptr, u
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr));
 }
 
-// Block `blk` of row r's list: ids[j] (-1 past the list, for -1 and for out-of-range ids; staged
-// when stage_ids), then columns [col0, col0 + cols) of the key rows as bf16 into tile [64][st]
-// (zeros for -1), 8 elements per thread step.
+// Keys [key0, key0 + nkeys) of block `blk` of row r's list: ids[j] for key key0 + j (-1 past the
+// list, for -1 and for out-of-range ids; staged when stage_ids), then columns [col0, col0 + cols) of
+// those key rows as bf16 into tile [nkeys][st] (zeros for -1), 8 elements per thread step.
 __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx, int64_t r, int64_t len, int64_t blk,
-                           int dh, int col0, int cols, int st, bool stage_ids, int32_t* ids, __nv_bfloat16* tile) {
+                           int key0, int nkeys, int dh, int col0, int cols, int st, bool stage_ids, int32_t* ids,
+                           __nv_bfloat16* tile) {
   if (stage_ids) {
-    for (int j = threadIdx.x; j < kBlock; j += kThreads) {
-      const int64_t pos = blk * kBlock + j;
+    for (int j = threadIdx.x; j < nkeys; j += kThreads) {
+      const int64_t pos = blk * kBlock + key0 + j;
       const int32_t id = pos < len ? idx[r * len + pos] : -1;
       ids[j] = id >= 0 && id < keys.n_kv + keys.n_more ? id : -1;
     }
     __syncthreads();
   }
   const int chunks = cols / 8;
-  for (int e = threadIdx.x; e < kBlock * chunks; e += kThreads) {
+  for (int e = threadIdx.x; e < nkeys * chunks; e += kThreads) {
     const int j = e / chunks, tc = e % chunks, c = col0 / 8 + tc, id = ids[j];
     float v[8];
     if (id < 0) {
@@ -116,32 +122,38 @@ __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx
   }
 }
 
-// Kernel 1, grid (rows, head tiles of HT heads, blocks). The 8 warps split the [HT x 64] tile into
-// HT / 16 m16 tiles, each shared by kWarpsPerM warps over the keys: warp w takes heads
-// 16 (w % kMTiles) .. +16 and keys kKeysPerWarp (w / kMTiles) .. +kKeysPerWarp (kNTiles n8 tiles);
-// K = dh in steps of 16 (HT 64: 4 m tiles x 2 warps x 32 keys; HT 16: 1 m tile x 8 warps x 8 keys).
-// dh is staged kScoreCols columns at a time (queries and keys), so the CTA holds (64 + HT) x 264 x 2
-// bytes of shared memory (68 KB at HT 64, three CTAs an SM) instead of 133 KB; the K steps still run
-// in order, so the sums are the same.
-template <int HT>
+// Kernel 1, grid (rows, head tiles of HT heads, blocks x kParts): CTA (r, tile, blk x kParts + part)
+// scores the tile's heads against keys [part x 64 / kParts, +64 / kParts) of block blk (kParts 1, or
+// 2 and 4 at HT 16: a small launch splits a block so that more SMs stage its keys). The 8 warps split
+// the [HT x 64] tile into HT / 16 m16 tiles, each shared by kWarpsPerM warps over the keys: warp w takes
+// heads 16 (w % kMTiles) .. +16 and keys kKeysPerWarp (w / kMTiles) .. +kKeysPerWarp (kNTiles n8
+// tiles); K = dh in steps of 16 (HT 64: 4 m tiles x 2 warps x 32 keys; HT 16: 1 m tile x 8 warps x 8
+// keys). Of a key part, only the warps whose keys fall in it multiply (HT 16: 4 warps at 2 parts, 2
+// at 4); the others help stage. dh is staged kScoreCols columns at a time (queries and keys), so the
+// CTA holds (64 / kParts + HT) x 264 x 2 bytes of shared memory (68 KB at HT 64, three CTAs an SM)
+// instead of 133 KB; the K steps still run in order, so the sums are the same. Each CTA writes its
+// part's maxima: blk_max [rows, heads, nblk x kParts].
+template <int HT, int kParts>
 __global__ void __launch_bounds__(kThreads)
     attn_scores_kernel(const float* __restrict__ q, AttnKeys keys, const int32_t* __restrict__ idx, int64_t len,
                        int heads, int dh, float scale, float* __restrict__ scores, float* __restrict__ blk_max) {
   ::di::cuda::grid_dependency_wait();
   constexpr int kMTiles = HT / 16, kWarpsPerM = kWarps / kMTiles, kKeysPerWarp = kBlock / kWarpsPerM,
-                kNTiles = kKeysPerWarp / 8;
+                kNTiles = kKeysPerWarp / 8, kPartKeys = kBlock / kParts, kKeyWarps = kPartKeys / kKeysPerWarp;
   static_assert(HT % 16 == 0 && kWarps % kMTiles == 0 && kNTiles >= 1, "8 warps over the head tile");
+  static_assert(kPartKeys % kKeysPerWarp == 0, "whole warps of keys per part");
   extern __shared__ uint4 smem_u4[];
   const int st = min(dh, kScoreCols) + kPad;
-  __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem_u4);  // [64 keys][st]
-  __nv_bfloat16* qs = ks + kBlock * st;                            // [HT heads][st]
-  __shared__ int32_t ids[kBlock];
+  __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem_u4);  // [kPartKeys][st]
+  __nv_bfloat16* qs = ks + kPartKeys * st;                         // [HT heads][st]
+  __shared__ int32_t ids[kPartKeys];
   __shared__ float red[kWarpsPerM][HT];  // per head, the maxima of the warps sharing its m tile
-  const int64_t r = blockIdx.x, blk = blockIdx.z, nblk = gridDim.z;
+  const int64_t r = blockIdx.x, blk = blockIdx.z / kParts, nblk = gridDim.z / kParts;
+  const int part = blockIdx.z % kParts, key0 = part * kPartKeys;
   const int h0 = blockIdx.y * HT, hn = min(HT, heads - h0);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, qd = lane % 4;
   const int mt = warp % kMTiles, nh = warp / kMTiles;
-  const bool active = 16 * mt < hn;
+  const bool active = 16 * mt < hn && nh < kKeyWarps;
   float acc[kNTiles][4] = {};
   for (int col0 = 0; col0 < dh; col0 += kScoreCols) {
     const int cols = min(kScoreCols, dh - col0), chunks = cols / 8;
@@ -154,7 +166,7 @@ __global__ void __launch_bounds__(kThreads)
       *reinterpret_cast<uint4*>(qs + h * st + 8 * c) =
           make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
     }
-    stage_keys(keys, idx, r, len, blk, dh, col0, cols, st, col0 == 0, ids, ks);
+    stage_keys(keys, idx, r, len, blk, key0, kPartKeys, dh, col0, cols, st, col0 == 0, ids, ks);
     __syncthreads();
     if (active) {
       const __nv_bfloat16* qa = qs + (16 * mt + g) * st + 2 * qd;
@@ -168,19 +180,20 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  // scale, -inf for missing keys, to the score buffer [rows, heads, nblk * 64]; block maxima
+  // scale, -inf for missing keys, to the score buffer [rows, heads, nblk * 64]; the part's maxima
   float mx[2] = {kNegInf, kNegInf};  // heads g, g + 8 of the warp's tile
   if (active) {
 #pragma unroll
     for (int t = 0; t < kNTiles; ++t) {
-      const int key = kKeysPerWarp * nh + 8 * t + 2 * qd;
+      const int key = kKeysPerWarp * nh + 8 * t + 2 * qd;  // in the part
       const bool v0 = ids[key] >= 0, v1 = ids[key + 1] >= 0;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const float s0 = v0 ? acc[t][2 * half] * scale : kNegInf, s1 = v1 ? acc[t][2 * half + 1] * scale : kNegInf;
         mx[half] = fmaxf(mx[half], fmaxf(s0, s1));
         const int h = h0 + 16 * mt + g + 8 * half;
-        *reinterpret_cast<float2*>(scores + (r * heads + h) * nblk * kBlock + blk * kBlock + key) = make_float2(s0, s1);
+        *reinterpret_cast<float2*>(scores + (r * heads + h) * nblk * kBlock + blk * kBlock + key0 + key) =
+            make_float2(s0, s1);
       }
     }
 #pragma unroll
@@ -194,19 +207,21 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x < hn) {  // a max: the same value in any order
     float m = red[0][threadIdx.x];
 #pragma unroll
-    for (int w = 1; w < kWarpsPerM; ++w) m = fmaxf(m, red[w][threadIdx.x]);
-    blk_max[(r * heads + h0 + threadIdx.x) * nblk + blk] = m;
+    for (int w = 1; w < kKeyWarps; ++w) m = fmaxf(m, red[w][threadIdx.x]);
+    blk_max[(r * heads + h0 + threadIdx.x) * nblk * kParts + blk * kParts + part] = m;
   }
 }
 
 // Kernel 2, grid (rows, head tiles x dim slices, blocks): part[r, h, blk] = (sum_j bf16(p_j) v_j [dh],
 // m, l), CTA (.., tile * slices + slice, ..) writing dims [slice x slice_dims, +slice_dims) and slice
-// 0 the (m, l) pair; every slice computes the tile's probabilities alike. The values are staged
+// 0 the (m, l) pair; every slice computes the tile's probabilities alike. blk_max holds the maxima of
+// the scores kernel's `parts` key parts per block. The values are staged
 // kScoreCols dims at a time (43 KB of shared memory instead of 76 at one slice); PV: warp w computes
 // heads 16 (w % 4) .. +16 over the staged dims' half w / 4, 64 at a time.
 __global__ void __launch_bounds__(kThreads)
     attn_values_kernel(AttnKeys keys, const int32_t* __restrict__ idx, int64_t len, int heads, int dh, int slice_dims,
-                       const float* __restrict__ scores, const float* __restrict__ blk_max, float* __restrict__ part) {
+                       int parts, const float* __restrict__ scores, const float* __restrict__ blk_max,
+                       float* __restrict__ part) {
   ::di::cuda::grid_dependency_wait();
   extern __shared__ uint4 smem_u4[];
   const int st = min(slice_dims, kScoreCols) + kPad;
@@ -219,21 +234,23 @@ __global__ void __launch_bounds__(kThreads)
   const int h0 = (blockIdx.y / slices) * kHeadTile, hn = min(kHeadTile, heads - h0);
   const int d_first = slice * slice_dims, d_last = d_first + slice_dims;  // this CTA's dims
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, qd = lane % 4;
-  // the CPU's running max when it reaches this block: the block maxima so far, folded from -1e30
+  // the CPU's running max when it reaches this block: the maxima of blocks 0 .. blk (all their key
+  // parts), folded from -1e30 (a max of maxima: the same value however the blocks were split)
   if (threadIdx.x < hn) {
-    const float* bm = blk_max + (r * heads + h0 + threadIdx.x) * nblk;
+    const float* bm = blk_max + (r * heads + h0 + threadIdx.x) * nblk * parts;
+    const int64_t n_max = (blk + 1) * parts;
     float m = -1e30f;
-    for (int64_t b0 = 0; b0 <= blk; b0 += 8) {
+    for (int64_t b0 = 0; b0 < n_max; b0 += 8) {
       float v[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = b0 + i <= blk ? bm[b0 + i] : kNegInf;
+      for (int i = 0; i < 8; ++i) v[i] = b0 + i < n_max ? bm[b0 + i] : kNegInf;
 #pragma unroll
       for (int i = 0; i < 8; ++i) m = std_max(m, v[i]);
     }
     run_max[threadIdx.x] = m;
   }
   // the slice's first dims; its first barrier publishes run_max
-  stage_keys(keys, idx, r, len, blk, dh, d_first, min(slice_dims, kScoreCols), st, true, ids, vs);
+  stage_keys(keys, idx, r, len, blk, 0, kBlock, dh, d_first, min(slice_dims, kScoreCols), st, true, ids, vs);
   {  // probabilities: thread (head t / 4, keys 16 (t % 4) .. +16)
     const int h = threadIdx.x / 4, c = threadIdx.x % 4;
     float l = 0.0f;
@@ -281,7 +298,7 @@ __global__ void __launch_bounds__(kThreads)
     const int cols = min(kScoreCols, d_last - col0);
     if (col0 > d_first) {
       __syncthreads();  // the previous dims' MMAs are done with the tile
-      stage_keys(keys, idx, r, len, blk, dh, col0, cols, st, false, ids, vs);
+      stage_keys(keys, idx, r, len, blk, 0, kBlock, dh, col0, cols, st, false, ids, vs);
       __syncthreads();
     }
     if (!active) continue;
@@ -371,22 +388,27 @@ int sm_count() {
   return n;
 }
 
-// How one launch tiles the work: the scores kernel's heads per CTA and the values kernel's dims per
-// CTA. Chosen from the launch size alone; no choice changes a bit (see the top of the file).
+// How one launch tiles the work: the scores kernel's heads and keys per CTA and the values kernel's
+// dims per CTA. Chosen from the launch size alone; no choice changes a bit (see the top of the file).
 struct LaunchShape {
   int head_tile;   // 16, 32 or 64
+  int key_parts;   // 1, 2 or 4 score CTAs per key block (more than 1 only at head_tile 16)
   int slice_dims;  // dh / slices, a multiple of 16
 };
 
-// Today's shape (64 heads, all dims) when it gives two CTAs per SM or more; below that, the head tile
-// halves (down to 16) and the dim slices double (down to kMinSliceDims dims) until it does. A head
-// tile of twice the heads or more also halves: its extra warps would only idle. Past two per SM the
-// wider tiles win, sharing one staged key block among more heads.
+// The widest shape (64 heads, whole key blocks, all dims) when it gives two CTAs per SM or more;
+// below that, the head tile halves (down to 16), then the key parts double (up to kMaxKeyParts), and
+// the dim slices double (down to kMinSliceDims dims) until it does. A head tile of twice the heads or
+// more also halves: its extra warps would only idle. Past two per SM the wider tiles win, sharing one
+// staged key block among more heads and one staged query tile among more keys.
 LaunchShape launch_shape(int64_t rows, int heads, int dh, int64_t nblk) {
   const int64_t target = 2 * static_cast<int64_t>(sm_count());
   const auto ctas = [&](int tile) { return rows * ((heads + tile - 1) / tile) * nblk; };
-  LaunchShape shape{kHeadTile, dh};
+  LaunchShape shape{kHeadTile, 1, dh};
   while (shape.head_tile > 16 && (shape.head_tile / 2 >= heads || ctas(shape.head_tile) < target)) shape.head_tile /= 2;
+  while (shape.head_tile == 16 && shape.key_parts < kMaxKeyParts && ctas(16) * shape.key_parts < target &&
+         nblk * shape.key_parts * 2 <= 65535)  // grid z
+    shape.key_parts *= 2;
   while (shape.slice_dims % 32 == 0 && shape.slice_dims / 2 >= kMinSliceDims &&
          ctas(kHeadTile) * (dh / shape.slice_dims) < target)
     shape.slice_dims /= 2;
@@ -411,38 +433,49 @@ void sparse_attention_mma(int64_t s, int heads, int dh, const float* q, const At
       const size_t most = (kBlock + ht) * static_cast<size_t>(kScoreCols + kPad) * 2;
       DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
     };
-    allow(attn_scores_kernel<16>, 16);
-    allow(attn_scores_kernel<32>, 32);
-    allow(attn_scores_kernel<64>, 64);
+    allow(attn_scores_kernel<16, 1>, 16);
+    allow(attn_scores_kernel<16, 2>, 16);
+    allow(attn_scores_kernel<16, 4>, 16);
+    allow(attn_scores_kernel<32, 1>, 32);
+    allow(attn_scores_kernel<64, 1>, 64);
     allow(attn_values_kernel, kHeadTile);  // more than its kBlock x 264 + 64 x 72 bf16
     return true;
   }();
   (void)attr_set;
-  // rows per launch: the scores and partials of a launch stay under the split-partial bound
+  // rows per launch: the scores and partials of a launch stay under the split-partial bound (key parts
+  // only in launches of under two CTAs per SM, whose few extra maxima it need not count)
   const int64_t row_bytes = static_cast<int64_t>(heads) * nblk * (kBlock + 1 + dh + 2) * 4;
   const int64_t rows_per_launch = std::clamp<int64_t>(bi::kMaxSplitPartialBytes / row_bytes, 1, s);
   const int64_t n = std::min(rows_per_launch, s);
+  // the most key parts of any launch: the last launch's, the smallest
+  const int64_t last_rows = s - (s - 1) / rows_per_launch * rows_per_launch;
+  const int most_parts = launch_shape(last_rows, heads, dh, nblk).key_parts;
   Tensor scores = be.alloc(TType::kF32, {n * heads, nblk * kBlock});
-  Tensor bmax = be.alloc(TType::kF32, {n * heads, nblk});
+  Tensor bmax = be.alloc(TType::kF32, {n * heads, nblk * most_parts});  // [rows, heads, nblk x key parts]
   Tensor part = be.alloc(TType::kF32, {n * heads * nblk, dh + 2});
   for (int64_t r0 = 0; r0 < s; r0 += rows_per_launch) {
     const int64_t rows = std::min(rows_per_launch, s - r0);
     const LaunchShape shape = launch_shape(rows, heads, dh, nblk);
-    const size_t key_tile = kBlock * static_cast<size_t>(std::min(dh, kScoreCols) + kPad) * 2;  // staged keys
+    DI_CHECK(shape.key_parts <= most_parts && (shape.key_parts == 1 || shape.head_tile == 16));  // 8-key warps
+    const size_t key_tile =
+        kBlock / shape.key_parts * static_cast<size_t>(std::min(dh, kScoreCols) + kPad) * 2;  // a part's keys
     const size_t smem_scores = key_tile + static_cast<size_t>(shape.head_tile) * (std::min(dh, kScoreCols) + kPad) * 2;
     const size_t smem_values =
         kBlock * static_cast<size_t>(std::min(shape.slice_dims, kScoreCols) + kPad) * 2 + kHeadTile * kPStride * 2;
     const int score_tiles = (heads + shape.head_tile - 1) / shape.head_tile;
     const int value_tiles = (heads + kHeadTile - 1) / kHeadTile * (dh / shape.slice_dims);  // head tiles x slices
-    const dim3 score_grid(static_cast<unsigned>(rows), static_cast<unsigned>(score_tiles), static_cast<unsigned>(nblk));
+    const dim3 score_grid(static_cast<unsigned>(rows), static_cast<unsigned>(score_tiles),
+                          static_cast<unsigned>(nblk * shape.key_parts));
     const dim3 value_grid(static_cast<unsigned>(rows), static_cast<unsigned>(value_tiles), static_cast<unsigned>(nblk));
-    auto* scores_kernel = shape.head_tile == 16   ? attn_scores_kernel<16>
-                          : shape.head_tile == 32 ? attn_scores_kernel<32>
-                                                  : attn_scores_kernel<64>;
+    auto* scores_kernel = shape.head_tile == 32   ? attn_scores_kernel<32, 1>
+                          : shape.head_tile == 64 ? attn_scores_kernel<64, 1>
+                          : shape.key_parts == 1  ? attn_scores_kernel<16, 1>
+                          : shape.key_parts == 2  ? attn_scores_kernel<16, 2>
+                                                  : attn_scores_kernel<16, 4>;
     ::di::cuda::launch(scores_kernel, score_grid, kThreads, smem_scores, q + r0 * heads * dh, keys, idx + r0 * len, len,
                        heads, dh, scale, scores.f32(), bmax.f32());
     ::di::cuda::launch(attn_values_kernel, value_grid, kThreads, smem_values, keys, idx + r0 * len, len, heads, dh,
-                       shape.slice_dims, scores.f32(), bmax.f32(), part.f32());
+                       shape.slice_dims, shape.key_parts, scores.f32(), bmax.f32(), part.f32());
     combine_splits(part.f32(), static_cast<int>(nblk), rows, heads, dh, sink, sink_t, out + r0 * heads * dh);
   }
 }

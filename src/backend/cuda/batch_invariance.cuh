@@ -27,8 +27,11 @@
 //  - hc_mixes (attn_mhc.cu): K chunks per row min(264 / M, n / 256) (fp64 chunk sums, then chunk
 //    order) -> CHANGED: min(264, n / 256), the one-row choice, at every M.
 //  - sparse_attention, tensor-core path (attn_sparse_mma.cu; heads and dh multiples of 16, taken or
-//    not whatever M): one CTA per (row, 64 heads, 64-index block), merged over the blocks in order
-//    -> already invariant; trailing -1 padding adds blocks whose partials are exact zeros.
+//    not whatever M): CTAs per (row, head tile, 64-index block), merged over the blocks in order; the
+//    scores' head tile (64 / 32 / 16) and key parts per block (1 / 2 / 4) and the values' dim slices
+//    follow the launch size, but every score and output is the same MMA chain in the same k order and
+//    the running max a max of the same scores -> change no bit -> invariant; trailing -1 padding adds
+//    blocks whose partials are exact zeros.
 //  - sparse_attention, CUDA-core path (cuda_attention.cu): list splits from 264 / (M x head groups),
 //    one pass when that gives one split -> CHANGED: every call takes the split path (block-max pass,
 //    splits, merge) with one 64-index block per split. A fixed split length also makes trailing -1
