@@ -378,16 +378,6 @@ __global__ void combine_splits_kernel(const float* __restrict__ part, int splits
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&dev));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
-
 // How one launch tiles the work: the scores kernel's heads and keys per CTA and the values kernel's
 // dims per CTA. Chosen from the launch size alone; no choice changes a bit (see the top of the file).
 struct LaunchShape {

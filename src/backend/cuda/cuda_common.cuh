@@ -25,6 +25,9 @@ namespace di::cuda {
 
 inline int blocks_for(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
 
+// SMs of the current device (queried once; launch plans size their grids by it).
+int sm_count();
+
 // Device pointer of an uploaded weight's data / scale.
 inline const uint8_t* wdata(const Weight& w) {
   DI_CHECK_MSG(w.device != nullptr, "weight was not prepared on the CUDA backend");

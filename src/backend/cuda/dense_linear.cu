@@ -141,8 +141,6 @@ int resident_ctas() {
   return n;
 }
 
-int sm_count();
-
 template <mma::WFmt F, int NT>
 void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool invariant) {
   const int64_t K = w.cols, N = w.rows, nb = K / 32;
@@ -371,16 +369,6 @@ void launch_float(const float* x, int64_t x_stride, int rows_per_group, const We
 void check_grid(int64_t S, int64_t N, int64_t K) {
   DI_CHECK_MSG(S < (1LL << 31) && N <= 65535LL * kWarps && K < (1LL << 31) / 4,
                "linear: shape too large (at most " + std::to_string(65535 * kWarps) + " float-weight output features)");
-}
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&dev));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
 }
 
 }  // namespace

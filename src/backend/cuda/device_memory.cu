@@ -121,4 +121,14 @@ void upload_bytes(void* dst, const void* src, size_t bytes) {
   r.used = at + bytes;
 }
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    DI_CUDA_CHECK(cudaGetDevice(&dev));
+    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
 }  // namespace di::cuda

@@ -216,10 +216,7 @@ int64_t grouped_capacity() {
   static const int64_t resident = [] {
     int v = 0;
     DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, grouped_fp4_kernel<NT, false>, mma::kThreads, 0));
-    int dev = 0, sms = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&dev));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return static_cast<int64_t>(std::max(v, 1)) * sms;
+    return static_cast<int64_t>(std::max(v, 1)) * sm_count();
   }();
   return resident;
 }

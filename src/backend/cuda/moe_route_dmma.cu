@@ -289,16 +289,6 @@ __global__ void router_logits_reduce_kernel(const double* __restrict__ partial, 
   if (i < n_out) logits[i] = sum_splits(partial, n_out, splits, i);
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    DI_CUDA_CHECK(cudaGetDevice(&dev));
-    DI_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
-
 // Launches the tiles of 8 MT rows x 32 experts: each CTA runs every split itself when there is one
 // split or the tiles alone fill two CTAs per SM (s > ~1400 at E = 384), else one CTA per (tile, split)
 // whose partials the tile's last CTA sums (`fixup`) or a reduce kernel does.
