@@ -88,16 +88,13 @@ __device__ __forceinline__ float e8m0_byte_to_float(uint32_t w, int b) {
   return __uint_as_float((b < 3 ? w << (23 - 8 * b) : w >> 1) & 0x7f800000u);
 }
 
-// d = A (16x32 e4m3) x B (32x8 e4m3), fresh fp32 accumulators. The accumulator input is -0, the
-// identity of addition: with +0, sm_90's lowering (two f16 MMAs) adds it back to each output with an
-// FADD (8 per K block of the MXFP4 tile), as x + (+0) turns a -0 sum into +0. Here a -0 partial only
-// reaches fmaf(d, s, acc), which gives acc's own zero sign either way.
+// d = A (16x32 e4m3) x B (32x8 e4m3), fresh fp32 accumulators.
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%10, %11, %12, %13};"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(-0.0f), "f"(-0.0f), "f"(-0.0f), "f"(-0.0f));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f), "f"(0.0f), "f"(0.0f));
 }
 
 // d += A (16x16 bf16, row) x B (16x8 bf16, col), fp32 accumulators.
