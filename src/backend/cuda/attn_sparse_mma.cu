@@ -364,17 +364,30 @@ __global__ void combine_splits_kernel(const float* __restrict__ part, int splits
   }
   __syncthreads();
   const float total = shared_total;
-  for (int d = threadIdx.x; d < dh; d += blockDim.x) {
-    float a = 0;
-    for (int z0 = 0; z0 < splits; z0 += 8) {  // 8 loads in flight
-      float v[8];
+  // kDims of the thread's dims at a time (dh 512 over 128 threads: all four), each summed over the
+  // splits in order; 8 splits x kDims dims of loads in flight (one dim at a time was 8 round trips)
+  constexpr int kDims = 4;
+  for (int d0 = threadIdx.x; d0 < dh; d0 += kDims * blockDim.x) {
+    float a[kDims] = {};
+    for (int z0 = 0; z0 < splits; z0 += 8) {
+      float v[kDims][8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = z0 + i < splits ? pp[(z0 + i) * (dh + 2) + d] : 0.0f;
+      for (int j = 0; j < kDims; ++j) {
+        const int d = d0 + j * blockDim.x;
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (z0 + i < splits) a += v[i] * wz[z0 + i];
+        for (int i = 0; i < 8; ++i) v[j][i] = d < dh && z0 + i < splits ? pp[(z0 + i) * (dh + 2) + d] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kDims; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (z0 + i < splits) a[j] += v[j][i] * wz[z0 + i];
     }
-    out[rh * dh + d] = round_bf16(a / total);
+#pragma unroll
+    for (int j = 0; j < kDims; ++j) {
+      const int d = d0 + j * blockDim.x;
+      if (d < dh) out[rh * dh + d] = round_bf16(a[j] / total);
+    }
   }
 }
 
