@@ -335,18 +335,11 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void combine_splits_kernel(const float* __restrict__ part, int splits, int heads, int dh,
                                       const uint8_t* sink, WType sink_t, float* __restrict__ out) {
   ::di::cuda::grid_dependency_wait();
-  extern __shared__ float wz[];  // [splits] the splits' m, then their weights; then [splits] their l
-  float* lz = wz + splits;
+  extern __shared__ float wz[];  // [splits]
   __shared__ float shared_max, shared_total;
   const int64_t rh = blockIdx.x;
   const float* pp = part + rh * splits * (dh + 2);
-  // every split's (m, l) in one parallel pass (thread 0 summed the l from global memory, a round trip
-  // per split), and the sink's logit before the first barrier
-  const float sink_logit = threadIdx.x == 0 ? weight_elem(sink, sink_t, rh % heads) : 0.0f;
-  for (int z = threadIdx.x; z < splits; z += blockDim.x) {
-    wz[z] = pp[z * (dh + 2) + dh];
-    lz[z] = pp[z * (dh + 2) + dh + 1];
-  }
+  for (int z = threadIdx.x; z < splits; z += blockDim.x) wz[z] = pp[z * (dh + 2) + dh];
   __syncthreads();
   if (threadIdx.x == 0) {
     float m = -1e30f;
@@ -359,35 +352,22 @@ __global__ void combine_splits_kernel(const float* __restrict__ part, int splits
   __syncthreads();
   if (threadIdx.x == 0) {
     float total = 0;
-    for (int z = 0; z < splits; ++z) total += lz[z] * wz[z];
-    shared_total = total + expf(sink_logit - m);
+    for (int z = 0; z < splits; ++z) total += pp[z * (dh + 2) + dh + 1] * wz[z];
+    shared_total = total + expf(weight_elem(sink, sink_t, rh % heads) - m);
   }
   __syncthreads();
   const float total = shared_total;
-  // kDims of the thread's dims at a time (dh 512 over 128 threads: all four), each summed over the
-  // splits in order; 8 splits x kDims dims of loads in flight (one dim at a time was 8 round trips)
-  constexpr int kDims = 4;
-  for (int d0 = threadIdx.x; d0 < dh; d0 += kDims * blockDim.x) {
-    float a[kDims] = {};
-    for (int z0 = 0; z0 < splits; z0 += 8) {
-      float v[kDims][8];
+  for (int d = threadIdx.x; d < dh; d += blockDim.x) {
+    float a = 0;
+    for (int z0 = 0; z0 < splits; z0 += 8) {  // 8 loads in flight
+      float v[8];
 #pragma unroll
-      for (int j = 0; j < kDims; ++j) {
-        const int d = d0 + j * blockDim.x;
+      for (int i = 0; i < 8; ++i) v[i] = z0 + i < splits ? pp[(z0 + i) * (dh + 2) + d] : 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[j][i] = d < dh && z0 + i < splits ? pp[(z0 + i) * (dh + 2) + d] : 0.0f;
-      }
-#pragma unroll
-      for (int j = 0; j < kDims; ++j)
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          if (z0 + i < splits) a[j] += v[j][i] * wz[z0 + i];
+      for (int i = 0; i < 8; ++i)
+        if (z0 + i < splits) a += v[i] * wz[z0 + i];
     }
-#pragma unroll
-    for (int j = 0; j < kDims; ++j) {
-      const int d = d0 + j * blockDim.x;
-      if (d < dh) out[rh * dh + d] = round_bf16(a[j] / total);
-    }
+    out[rh * dh + d] = round_bf16(a / total);
   }
 }
 
@@ -487,12 +467,7 @@ void combine_splits(const float* part, int splits, int64_t rows, int heads, int 
                     float* out) {
   if (rows * heads == 0) return;
   DI_CHECK_MSG(rows * heads < (1LL << 31) && splits <= 8192, "sparse_attention: too many rows or list splits");
-  static const bool attr_set = [] {  // 8 bytes per split: 64 KB at the most splits
-    DI_CUDA_CHECK(cudaFuncSetAttribute(combine_splits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 8192 * 8));
-    return true;
-  }();
-  (void)attr_set;
-  ::di::cuda::launch(combine_splits_kernel, static_cast<unsigned>(rows * heads), 128, static_cast<size_t>(splits) * 8,
+  ::di::cuda::launch(combine_splits_kernel, static_cast<unsigned>(rows * heads), 128, static_cast<size_t>(splits) * 4,
                      part, splits, heads, dh, sink, sink_t, out);
 }
 
