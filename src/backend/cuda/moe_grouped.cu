@@ -30,8 +30,7 @@ constexpr int kListThreads = 1024;
 constexpr int kElemThreads = 256;
 
 // One CTA. n = S*k entries (ids outside [0, E) are skipped); smem: E counts + E offsets.
-// Work: n atomics, an E-long scan, then one thread per expert scans the n ids (L1 broadcasts):
-// O(n) steps, ~2 us at decode sizes.
+// Work: n atomics, an E-long scan, then n / 32 warp steps placing the entries.
 __global__ void __launch_bounds__(kListThreads)
     route_lists_kernel(const int32_t* __restrict__ experts, int n, int k, int n_exp, RouteLists l) {
   ::di::cuda::grid_dependency_wait();
@@ -71,16 +70,27 @@ __global__ void __launch_bounds__(kListThreads)
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
-    if (cnt[e] == 0) continue;
-    int p = off[e];
-    for (int i = 0; i < n; ++i)
-      if (__ldg(experts + i) == e) {
+  // The entries in index order, 32 at a time, by warp 0: an entry's position is its expert's next free
+  // one (off[e]) plus its rank among the chunk's lanes of the same expert; then the group's last lane
+  // advances off[e]. The same (expert, index) order as one thread per expert scanning every entry
+  // (n steps each: 21 us per call at batch 64), in n / 32 steps.
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    for (int i0 = 0; i0 < n; i0 += 32) {
+      const int i = i0 + lane;
+      const int32_t e = i < n ? experts[i] : -1;
+      const bool ok = e >= 0 && e < n_exp;
+      const unsigned group = __match_any_sync(0xffffffffu, ok ? e : -1);
+      if (ok) {
+        const int p = off[e] + __popc(group & ((1u << lane) - 1u));
         l.tok_of[p] = i / k;
         l.slot_of[p] = i;
         l.pos_of[i] = p;
-        ++p;
       }
+      __syncwarp();  // every lane has read off[] before the groups advance it
+      if (ok && lane == 31 - __clz(group)) off[e] += __popc(group);
+      __syncwarp();
+    }
   }
   __syncthreads();
   // per token: the positions of its entries in expert-id order (insertion sort of k <= 32), -1 last
