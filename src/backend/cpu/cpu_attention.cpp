@@ -78,6 +78,21 @@ Tensor CpuBackend::sparse_attention(const Tensor& q, int heads, const Tensor& kv
   return out;
 }
 
+namespace {
+
+// base + the pool row of row i of a paged sequence whose page ids start at table[first] (checked: the
+// page exists and the row fits I32). map_paged_rows and paged_row_list.
+int32_t paged_pool_row(const std::vector<int32_t>& table, int64_t first, int64_t i, int64_t rows_per_page,
+                       int64_t base) {
+  const int64_t page = first + i / rows_per_page;
+  DI_CHECK(page >= 0 && page < static_cast<int64_t>(table.size()));
+  const int64_t row = base + table[page] * rows_per_page + i % rows_per_page;
+  DI_CHECK(row < (int64_t{1} << 31));
+  return static_cast<int32_t>(row);
+}
+
+}  // namespace
+
 void CpuBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start, const std::vector<int32_t>& table,
                                 int64_t rows_per_page, int64_t base) {
   const int64_t s = idx.rows(), l = idx.row_size();
@@ -85,12 +100,7 @@ void CpuBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_s
   for (int64_t r = 0; r < s; ++r)
     for (int64_t j = 0; j < l; ++j) {
       int32_t& v = idx.i32()[r * l + j];
-      if (v < 0) continue;
-      const int64_t page = table_start[r] + v / rows_per_page;
-      DI_CHECK(page >= 0 && page < static_cast<int64_t>(table.size()));
-      const int64_t mapped = base + table[page] * rows_per_page + v % rows_per_page;
-      DI_CHECK(mapped < (int64_t{1} << 31));
-      v = static_cast<int32_t>(mapped);
+      if (v >= 0) v = paged_pool_row(table, table_start[r], v, rows_per_page, base);
     }
 }
 
@@ -102,13 +112,7 @@ Tensor CpuBackend::paged_row_list(const std::vector<int64_t>& lengths, const std
   Tensor out = alloc(TType::kI32, {total});
   int32_t* o = out.i32();
   for (size_t p = 0; p < lengths.size(); ++p)
-    for (int64_t i = 0; i < lengths[p]; ++i) {
-      const int64_t page = table_start[p] + i / rows_per_page;
-      DI_CHECK(page >= 0 && page < static_cast<int64_t>(table.size()));
-      const int64_t row = table[page] * rows_per_page + i % rows_per_page;
-      DI_CHECK(row < (int64_t{1} << 31));
-      *o++ = static_cast<int32_t>(row);
-    }
+    for (int64_t i = 0; i < lengths[p]; ++i) *o++ = paged_pool_row(table, table_start[p], i, rows_per_page, 0);
   return out;
 }
 
