@@ -6,7 +6,7 @@
 // Method: each measurement enqueues `iters` calls behind a host-side stall of the stream (so the
 // host's launch cost is hidden, as in a CUDA-graph replay) and times them with events; inputs rotate
 // over enough weight copies that the bytes of one pass exceed 4x the L2 (no cache replays).
-// usage: op_bench [--iters N] [--moe-experts E]
+// usage: op_bench [--iters N] [--moe-experts E] [--fast-fp4-gemm]   (the last: Backend::set_fast_fp4_gemm)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -113,11 +113,15 @@ void report(const char* op, const std::string& name, int64_t batch, double sec, 
 
 int main(int argc, char** argv) {
   int iters = 20, moe_experts = 128;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--iters") iters = std::atoi(argv[i + 1]);
-    if (std::string(argv[i]) == "--moe-experts") moe_experts = std::atoi(argv[i + 1]);
+  bool fast_fp4 = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--fast-fp4-gemm") fast_fp4 = true;
+    if (i + 1 < argc && a == "--iters") iters = std::atoi(argv[i + 1]);
+    if (i + 1 < argc && a == "--moe-experts") moe_experts = std::atoi(argv[i + 1]);
   }
   std::unique_ptr<di::Backend> be = di::make_backend("cuda");
+  be->set_fast_fp4_gemm(fast_fp4);
   cudaDeviceProp prop{};
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);

@@ -46,6 +46,10 @@ struct EngineOptions {
   int64_t prefix_cache_bytes = 0;       // 0: as much as kv_capacity_bytes
   bool decoder_replay = false;          // decoder-side SWA bounded replay in prefill (approximate)
   bool batch_invariant = false;         // a request's logits independent of batch and chunking
+  // CUDA: the MXFP4 expert GEMMs sum each 32-wide K block on the FP8 wgmma tensor cores (~14-bit block
+  // sums, as DeepGEMM's FP8 GEMMs) instead of exactly: a faster MoE at batch >= 8, logits no longer
+  // the CPU reference's to rounding (bench/RESULTS.md). Deterministic; combines with batch_invariant.
+  bool fast_fp4_gemm = false;
   bool async_scheduling = true;         // prepare step N+1 while step N runs
   bool reference_decode_quirks = false; // reproduce the official reference's decode (tests only)
   int64_t kv_page_tokens = 64;          // positions per KV page (a multiple of every compress ratio)

@@ -96,6 +96,8 @@ class LLM:
     device: "cpu" or "cuda". prefix_cache: "off", "replay" (approximate, SWA bounded replay) or
     "exact" (exact_snapshot_blocks: blocks of 64 positions between its local-state snapshots).
     batch_invariant: a request's output independent of what it is batched with.
+    fast_fp4_gemm: on CUDA, the MXFP4 expert GEMMs sum on the FP8 wgmma tensor cores (~14-bit block
+    sums, as DeepGEMM): a faster MoE at batch >= 8, no longer the CPU reference's results to rounding.
     async_scheduling: prepare the next step while the current one runs.
     """
 
@@ -106,6 +108,7 @@ class LLM:
         device: str = "cpu",
         prefix_cache: str = "replay",
         batch_invariant: bool = False,
+        fast_fp4_gemm: bool = False,
         async_scheduling: bool = True,
         max_running: int = 64,
         max_step_tokens: int = 2048,
@@ -118,6 +121,7 @@ class LLM:
         o.device = device
         o.prefix_cache = prefix_cache
         o.batch_invariant = batch_invariant
+        o.fast_fp4_gemm = fast_fp4_gemm
         o.async_scheduling = async_scheduling
         o.max_running = max_running
         o.max_step_tokens = max_step_tokens

@@ -156,6 +156,7 @@ PYBIND11_MODULE(_deepinfer, m) {
       .def_readwrite("exact_snapshot_blocks", &di::EngineOptions::exact_snapshot_blocks)
       .def_readwrite("decoder_replay", &di::EngineOptions::decoder_replay)
       .def_readwrite("batch_invariant", &di::EngineOptions::batch_invariant)
+      .def_readwrite("fast_fp4_gemm", &di::EngineOptions::fast_fp4_gemm)
       .def_readwrite("async_scheduling", &di::EngineOptions::async_scheduling);
 
   py::class_<di::TokenLogprob>(m, "TokenLogprob")

@@ -47,6 +47,10 @@ class Backend {
   // CPU backend ignores it: its ops already reduce every row in an order fixed by the row alone.
   // The CUDA backend's policy and audit: src/backend/cuda/batch_invariance.cuh.
   virtual void set_batch_invariant(bool on) { (void)on; }
+  // Fast MXFP4 GEMMs (EngineOptions::fast_fp4_gemm): the CUDA backend sums the expert GEMMs' K blocks
+  // on the wgmma FP8 tensor cores (~14-bit block sums, as DeepGEMM) instead of exactly. The CPU
+  // backend ignores it.
+  virtual void set_fast_fp4_gemm(bool on) { (void)on; }
 
   // --- memory -----------------------------------------------------------------------------------
   virtual Tensor alloc(TType type, const std::vector<int64_t>& shape) = 0;  // contents undefined

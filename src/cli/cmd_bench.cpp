@@ -1,7 +1,8 @@
 // deepinfer bench (--model DIR | --synthetic v41-flash|v41-tiny [--layers N]) [--device cpu|cuda]
 //                 [--batch 1,8,64,256] [--context 4096,32768] [--prefill 8192] [--prefill-chunk 2048]
 //                 [--iters 3] [--prefill-iters 1] [--profile-batch 1] [--no-profile] [--no-ceilings]
-//                 [--time-budget SECONDS] [--seed S] [--batch-invariant] [--profiler-range] [--json]
+//                 [--time-budget SECONDS] [--seed S] [--batch-invariant] [--fast-fp4-gemm] [--profiler-range]
+//                 [--json]
 // Decode steps and prefill timed as a whole, per layer and per op, with bytes, FLOPs and roofline
 // efficiency against ceilings measured in the same run (runtime/bench_run.h). --synthetic builds a
 // random checkpoint with the released dimensions (model/synthetic_checkpoint.h), generated straight
@@ -9,7 +10,8 @@
 // (lines starting with '{'), then the tables. --time-budget skips the measurements that would start
 // after that many seconds (batch 1 and the prefill run first). The model runs with the engine's defaults
 // (reference decode quirks off: device-side top-k). --batch-invariant: the backend's batch-invariant
-// mode (EngineOptions::batch_invariant), to measure what it costs. --profiler-range: the last timed
+// mode (EngineOptions::batch_invariant), to measure what it costs; --fast-fp4-gemm likewise
+// (EngineOptions::fast_fp4_gemm), to measure what it gains. --profiler-range: the last timed
 // decode step of each batch runs inside cudaProfilerStart / Stop, so that
 // `ncu --profile-from-start off` times that step's kernels alone.
 #include <chrono>
@@ -51,7 +53,7 @@ int cmd_bench(const Argv& argv) {
   Args args(argv,
             {"model", "synthetic", "layers", "device", "batch", "context", "prefill", "prefill-chunk", "iters",
              "prefill-iters", "profile-batch", "seed", "time-budget"},
-            {"json", "no-profile", "no-ceilings", "batch-invariant", "profiler-range"});
+            {"json", "no-profile", "no-ceilings", "batch-invariant", "profiler-range", "fast-fp4-gemm"});
   const std::string device_name = args.get_or("device", "cpu");
   if (args.has("model") == args.has("synthetic")) throw Error("bench: give exactly one of --model DIR or --synthetic PRESET");
 
@@ -92,6 +94,7 @@ int cmd_bench(const Argv& argv) {
   std::unique_ptr<Backend> inner = make_backend(device_name);
   ProfilingBackend pb(*inner);
   pb.set_batch_invariant(args.flag("batch-invariant"));
+  pb.set_fast_fp4_gemm(args.flag("fast-fp4-gemm"));
   const std::string dev = device_name == "cuda" ? device::name() : "cpu";
   std::printf("command: %s\ndevice: %s\n", command.c_str(), dev.c_str());
   std::fflush(stdout);

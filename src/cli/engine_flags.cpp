@@ -33,6 +33,7 @@ EngineOptions engine_options(const Args& args) {
   o.max_step_tokens = positive(args, "max-step-tokens", o.max_step_tokens);
   o.exact_snapshot_blocks = positive(args, "exact-snapshot-blocks", o.exact_snapshot_blocks);
   o.batch_invariant = args.flag("batch-invariant");
+  o.fast_fp4_gemm = args.flag("fast-fp4-gemm");
   o.async_scheduling = !args.flag("no-async");
   return o;
 }

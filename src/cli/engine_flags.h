@@ -17,7 +17,7 @@ namespace di::cli {
 inline const std::set<std::string> kEngineValueOptions = {"model",       "device",         "prefix-cache",
                                                           "max-running", "max-step-tokens", "exact-snapshot-blocks"};
 // --batch-invariant --no-async
-inline const std::set<std::string> kEngineFlagOptions = {"batch-invariant", "no-async"};
+inline const std::set<std::string> kEngineFlagOptions = {"batch-invariant", "no-async", "fast-fp4-gemm"};
 // --max-tokens N --temperature T --top-p P --top-k K --seed S
 inline const std::set<std::string> kSamplingValueOptions = {"max-tokens", "temperature", "top-p", "top-k", "seed"};
 

@@ -38,6 +38,7 @@ EngineImpl::EngineImpl(const EngineOptions& options, EngineHooks hooks) : opt_(o
   std::filesystem::path dir = opt_.model_dir.empty() ? default_model_dir() : opt_.model_dir;
   backend_ = make_backend(opt_.device);
   backend_->set_batch_invariant(opt_.batch_invariant);  // reduction orders independent of the batch
+  backend_->set_fast_fp4_gemm(opt_.fast_fp4_gemm);
   ModelOptions mo;
   mo.reference_decode_quirks = opt_.reference_decode_quirks;
   mo.kv_page_tokens = opt_.kv_page_tokens;

@@ -173,6 +173,8 @@ TEST_F(BatchInvariance, LinearQuantized) {
   check_linear(*this, "linear fp8 [300 x 1056]", b.w, 4e-3);
   OwnedWeight c = gputest::random_fp4_weight(rng(), 1024, 2048, *gpu);
   check_linear(*this, "linear fp4 [1024 x 2048]", c.w, 4e-3);
+  gpu->set_fast_fp4_gemm(true);  // wgmma block sums: the MMA's N follows the batch
+  check_linear(*this, "linear fp4 fast [1024 x 2048]", c.w, 4e-3);
 }
 
 // BF16 (fp32 sums, bf16 out; K = 1000: scalar loads, K = 1024: 8-wide) and F32 (fp64 sums) weights:
@@ -360,8 +362,9 @@ void random_routes(Rng& rng, int64_t n_exp, int k, std::vector<int32_t>& ids, st
 }
 
 void check_moe_experts(BatchInvariance& t, const std::string& op, int64_t n_exp, int k, int64_t d, int64_t inter,
-                       bool mixed) {
+                       bool mixed, bool fast = false) {
   Rng& rng = t.rng();
+  t.gpu->set_fast_fp4_gemm(fast);
   const ExpertSet set = random_experts(rng, *t.gpu, n_exp, d, inter, mixed);
   const std::vector<float> x = random_rows(rng, kPool, d);  // [kPool, D]
   std::vector<int32_t> ids;
@@ -380,7 +383,7 @@ void check_moe_experts(BatchInvariance& t, const std::string& op, int64_t n_exp,
   const MoeRoute route{t.cpu->from_host_f32(w, {kPool, k}), t.cpu->from_host_i32(ids, {kPool, k})};
   const Tensor xc = t.cpu->from_host_f32(x, {kPool, d});
   expect_close_to_cpu(op, alone, t.cpu->to_host_f32(t.cpu->moe_experts(xc, route, set.experts, set.shared, limit)),
-                      1e-3);
+                      fast ? gputest::kFastMoeRelL2 : 1e-3);
 }
 
 // Grouped path: the K split followed min(E, M k) expert slots. 64 experts, top-6, D = 1024, inter 512:
@@ -388,6 +391,11 @@ void check_moe_experts(BatchInvariance& t, const std::string& op, int64_t n_exp,
 // Tolerance: moe_engram_ops_test's relative L2 <= 1e-3.
 TEST_F(BatchInvariance, MoeExpertsGrouped) {
   check_moe_experts(*this, "moe_experts grouped E=64 k=6 D=1024 inter=512", 64, 6, 1024, 512, false);
+}
+
+// The fast MXFP4 GEMMs (wgmma: the token tile, i.e. the MMA's N, follows the batch): still invariant.
+TEST_F(BatchInvariance, MoeExpertsGroupedFast) {
+  check_moe_experts(*this, "moe_experts grouped fast E=64 k=6 D=1024 inter=512", 64, 6, 1024, 512, false, true);
 }
 
 // Listed fallback (one FP8 expert projection): per-expert linear() over that expert's rows.

@@ -8,6 +8,9 @@
 //    reference's fp8_gemm on the same hardware) and may split K across CTAs: differences are fp32
 //    rounding before the bf16 output rounding. Dropping or mis-scaling one K block, a wrong row or
 //    token, exceeds both bounds. Mismatch counts are printed.
+//    With Backend::set_fast_fp4_gemm (MXFP4 block sums on wgmma: every product truncated to 13
+//    fractional bits below the block's largest, the sum to 14 significant bits) the per-element bound
+//    is 2^-8 * sum_k |x_k w_k| (32 truncations of up to 2^-13 of the largest product, + the sum's).
 //  - linear kBf16 and grouped_linear (fp32 sums in another order): per element
 //    |d| <= 1 bf16 ulp of |want| + 2^-20 * sum_k |x_k w_k| (the fp32 summation error allowance);
 //    2^-14 on the tensor cores (below).
@@ -202,9 +205,10 @@ OwnedWeight make_weight(Rng& rng, WeightMode mode, DType dtype, int64_t n, int64
   return gputest::random_bf16_weight(rng, n, k, gpu, 0.05f, mode);
 }
 
-void check_linear(DenseOps& t, WeightMode mode, DType dtype, int64_t s, int64_t n, int64_t k) {
+void check_linear(DenseOps& t, WeightMode mode, DType dtype, int64_t s, int64_t n, int64_t k, bool fast = false) {
   const std::string label = std::string(weight_mode_name(mode)) + "/" + dtype_name(dtype) + " S=" + std::to_string(s) +
-                            " N=" + std::to_string(n) + " K=" + std::to_string(k);
+                            " N=" + std::to_string(n) + " K=" + std::to_string(k) + (fast ? " fast" : "");
+  t.gpu->set_fast_fp4_gemm(fast);
   SCOPED_TRACE(label);
   Rng& rng = t.rng();
   OwnedWeight w = make_weight(rng, mode, dtype, n, k, *t.gpu);
@@ -218,7 +222,7 @@ void check_linear(DenseOps& t, WeightMode mode, DType dtype, int64_t s, int64_t 
   const std::vector<double> l1 = abs_sums(xv, s, k, host_weight_values(w.w), n, k, n);
   std::string worst;
   if (mode == WeightMode::kFp8Block || mode == WeightMode::kFp4Expert) {
-    EXPECT_EQ(count_outside(got, want, l1, true, 0.0, 0x1p-10, &worst), 0)
+    EXPECT_EQ(count_outside(got, want, l1, true, 0.0, fast ? 0x1p-8 : 0x1p-10, &worst), 0)
         << "worst " << worst << "; " << c.str() << ", " << t.seed_note();
     EXPECT_LE(c.rel_l2, 4e-3) << c.str() << ", " << t.seed_note();
     return;
@@ -240,6 +244,16 @@ TEST_F(DenseOps, LinearFp4Expert) {
   for (int64_t s : {1, 3, 17, 130})
     for (auto [n, k] : {std::pair<int64_t, int64_t>{96, 256}, {160, 544}, {72, 1056}})
       check_linear(*this, WeightMode::kFp4Expert, DType::kI8, s, n, k);
+}
+
+// The fast MXFP4 GEMMs (wgmma block sums) at the shapes above, the decode token-tile widths, a split K
+// and more row blocks than resident CTAs.
+TEST_F(DenseOps, LinearFp4ExpertFast) {
+  for (int64_t s : {1, 3, 17, 130})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{96, 256}, {160, 544}, {72, 1056}})
+      check_linear(*this, WeightMode::kFp4Expert, DType::kI8, s, n, k, true);
+  for (int64_t s : {2, 9, 24, 64, 65}) check_linear(*this, WeightMode::kFp4Expert, DType::kI8, s, 520, 4096, true);
+  check_linear(*this, WeightMode::kFp4Expert, DType::kI8, 1, 128 * 420, 2560, true);
 }
 
 // Decode batches at long K (split across CTAs), every token-tile width (1, 2, 4, 8 n8 tiles), a

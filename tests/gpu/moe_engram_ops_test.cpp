@@ -194,29 +194,37 @@ std::pair<std::vector<int32_t>, std::vector<float>> random_route(Rng& rng, int64
   return {ids, w};
 }
 
-// Relative L2 <= 1e-3 (bf16 outputs, different GEMM / sum orders).
-TEST_F(MoeEngramOps, ExpertsMatchCpu) {
+// moe_experts on both backends over expert counts, top-k, row counts and the SwiGLU clamp, within
+// relative L2 `tol`; fast: the GPU's MXFP4 GEMMs on wgmma (Backend::set_fast_fp4_gemm).
+void check_experts(MoeEngramOps& t, bool fast, double tol) {
+  t.gpu->set_fast_fp4_gemm(fast);
   for (int64_t n_exp : {8, 16}) {
-    ExpertSet set = random_experts(rng(), *gpu, n_exp);
+    ExpertSet set = random_experts(t.rng(), *t.gpu, n_exp);
     for (int top_k : {2, 6})
       for (int64_t rows : {1, 7, 40}) {
         const float limit = rows == 7 ? 0.0f : 7.0f;  // 0: no clamps
         SCOPED_TRACE("experts=" + std::to_string(n_exp) + " top_k=" + std::to_string(top_k) +
                      " rows=" + std::to_string(rows) + " limit=" + std::to_string(limit));
-        gputest::TensorPair x = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, kHidden});
-        auto [ids, w] = random_route(rng(), rows, n_exp, top_k);
-        MoeRoute rc{cpu->from_host_f32(w, {rows, top_k}), cpu->from_host_i32(ids, {rows, top_k})};
-        MoeRoute rg{gpu->from_host_f32(w, {rows, top_k}), gpu->from_host_i32(ids, {rows, top_k})};
-        std::vector<float> want = cpu->to_host_f32(cpu->moe_experts(x.cpu, rc, set.experts, set.shared, limit));
-        Tensor yg = gpu->moe_experts(x.gpu, rg, set.experts, set.shared, limit);
+        gputest::TensorPair x = gputest::random_tensor_pair(t.rng(), *t.cpu, *t.gpu, {rows, kHidden});
+        auto [ids, w] = random_route(t.rng(), rows, n_exp, top_k);
+        MoeRoute rc{t.cpu->from_host_f32(w, {rows, top_k}), t.cpu->from_host_i32(ids, {rows, top_k})};
+        MoeRoute rg{t.gpu->from_host_f32(w, {rows, top_k}), t.gpu->from_host_i32(ids, {rows, top_k})};
+        std::vector<float> want = t.cpu->to_host_f32(t.cpu->moe_experts(x.cpu, rc, set.experts, set.shared, limit));
+        Tensor yg = t.gpu->moe_experts(x.gpu, rg, set.experts, set.shared, limit);
         ASSERT_EQ(yg.shape, (std::vector<int64_t>{rows, kHidden}));
-        Compare c = compare(gpu->to_host_f32(yg), want);
-        std::printf("  moe_experts E=%lld k=%d rows=%lld: %s\n", static_cast<long long>(n_exp), top_k,
-                    static_cast<long long>(rows), c.str().c_str());
-        EXPECT_LE(c.rel_l2, 1e-3) << c.str() << ", " << seed_note();
+        Compare c = compare(t.gpu->to_host_f32(yg), want);
+        std::printf("  moe_experts%s E=%lld k=%d rows=%lld: %s\n", fast ? " (fast fp4)" : "",
+                    static_cast<long long>(n_exp), top_k, static_cast<long long>(rows), c.str().c_str());
+        EXPECT_LE(c.rel_l2, tol) << c.str() << ", " << t.seed_note();
       }
   }
 }
+
+// Relative L2 <= 1e-3 (bf16 outputs, different GEMM / sum orders).
+TEST_F(MoeEngramOps, ExpertsMatchCpu) { check_experts(*this, false, 1e-3); }
+
+// The fast MXFP4 GEMMs: relative L2 <= gputest::kFastMoeRelL2 (gpu_test_util.h says why).
+TEST_F(MoeEngramOps, ExpertsFastFp4GemmMatchCpu) { check_experts(*this, true, gputest::kFastMoeRelL2); }
 
 // The grouped path's edge cases: experts with more entries than one 64-token tile (130 rows over 8
 // experts), ids outside [0, E) (skipped, as the CPU skips them), a row without any valid id.

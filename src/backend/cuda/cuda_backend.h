@@ -17,6 +17,7 @@ class CudaBackend final : public Backend {
   // Reduction orders chosen without the row count (batch_invariance.cuh); off by default.
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
   bool batch_invariant() const { return batch_invariant_; }
+  void set_fast_fp4_gemm(bool on) override { fast_fp4_gemm_ = on; }
 
   Tensor alloc(TType type, const std::vector<int64_t>& shape) override;
   Tensor zeros(TType type, const std::vector<int64_t>& shape) override;
@@ -99,6 +100,7 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes);
   int64_t weight_bytes_ = 0;
   bool batch_invariant_ = false;
+  bool fast_fp4_gemm_ = false;  // MXFP4 block sums on wgmma (mma_gemm.cuh)
 };
 
 }  // namespace di

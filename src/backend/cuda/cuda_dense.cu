@@ -248,7 +248,9 @@ Tensor CudaBackend::linear(const Tensor& x, const Weight& w) {
   Tensor y = alloc(TType::kF32, {s, w.rows});
   switch (w.mode) {
     case WeightMode::kFp8Block:
-    case WeightMode::kFp4Expert: cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_); break;
+    case WeightMode::kFp4Expert:
+      cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_);
+      break;
     case WeightMode::kBf16:
     case WeightMode::kF32: {
       const bool bf16_out = w.mode == WeightMode::kBf16;

@@ -143,7 +143,7 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const MoeRoute& route, const st
   // spread), not from S: a wider tile than its entries costs registers and pipeline depth on every
   // CTA, a narrower one only an extra pass (weights from L2) on the few experts past it.
   const int nt = dense::nt_for(std::min<int64_t>(s, 3 * ((n + n_exp - 1) / n_exp) + 4));
-  const moe::GroupedSplitMode split_mode{batch_invariant_, std::min(n_exp, k)};
+  const moe::GroupedSplitMode split_mode{batch_invariant_, std::min(n_exp, k), fast_fp4_gemm_};
 
   // gate and up: [n, inter] each, rows in sorted-entry order
   float* gate = workspace_as<float>(Ws::kMoeGate, static_cast<size_t>(n * inter));

@@ -76,7 +76,8 @@ __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, u
 // reduce_splits_kernel. kInlineSplits (batch-invariant mode, grid.y = 1): the CTA itself runs the
 // `inline_splits` K ranges of the plan, each into fresh accumulators, and adds them in split order
 // from zero, as mma::sum_splits adds the partials of split CTAs: the same result bits.
-template <mma::WFmt F, int NT, bool kInlineSplits>
+// kFast: MXFP4 block sums on wgmma (mma_gemm.cuh); FP8 weights always take the exact mma.sync.
+template <mma::WFmt F, int NT, bool kInlineSplits, bool kFast>
 __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     quantized_linear_kernel(mma::ActSource src, int M, const uint8_t* __restrict__ w,
                             const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int kb_per_split,
@@ -94,7 +95,8 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     for (int sp = 0; sp < inline_splits; ++sp) {
       float part[2][NT][4] = {};
       const int kb0 = sp * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
-      cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, part);
+      cta_tile<F, NT, kFast>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; },
+                             part);
       add_split(acc, part);
     }
     for_each_acc(acc, row0, N, count,
@@ -102,7 +104,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     return;
   }
   const int kb0 = split * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
-  cta_tile<F, NT>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, acc);
+  cta_tile<F, NT, kFast>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, acc);
   if (splits == 1) {
     for_each_acc(acc, row0, N, count,
                  [&](int r, int t, float v) { y[static_cast<int64_t>(t0 + t) * N + r] = dq::round_bf16(v); });
@@ -135,13 +137,13 @@ int resident_ctas() {
   static const int n = [] {
     int v = 0;
     DI_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, quantized_linear_kernel<F, NT, false>, mma::kThreads, 0));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, quantized_linear_kernel<F, NT, false, false>, mma::kThreads, 0));
     return std::max(v, 1);
   }();
   return n;
 }
 
-template <mma::WFmt F, int NT>
+template <mma::WFmt F, int NT, bool kFast>
 void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool invariant) {
   const int64_t K = w.cols, N = w.rows, nb = K / 32;
   mma::ActSource src{nullptr, nullptr, x};
@@ -157,7 +159,7 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
       bi::linear_k_split(invariant, row_ctas, chunks, nb, NT, capacity, resident_ctas<F, 1>() * sm_count());
   if (!bi::splits_on_ctas(invariant, row_ctas * chunks, plan.splits, capacity, plan.splits * M * N * 4)) {
     const dim3 grid(static_cast<unsigned>(row_ctas), 1u, static_cast<unsigned>(chunks));
-    ::di::cuda::launch(quantized_linear_kernel<F, NT, true>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
+    ::di::cuda::launch(quantized_linear_kernel<F, NT, true, kFast>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
                        wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split,
                        plan.splits, false, nullptr, nullptr, y);
     return;
@@ -170,7 +172,7 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
     if (fixup) counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(row_ctas * chunks));
   }
   const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(chunks));
-  ::di::cuda::launch(quantized_linear_kernel<F, NT, false>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
+  ::di::cuda::launch(quantized_linear_kernel<F, NT, false, kFast>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
                      wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split, 1, fixup,
                      partial, counters, y);
   if (plan.splits > 1 && !fixup) {
@@ -178,13 +180,13 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
   }
 }
 
-template <mma::WFmt F>
+template <mma::WFmt F, bool kFast>
 void launch_quantized_nt(int nt, const float* x, int64_t M, const Weight& w, float* y, bool invariant) {
   switch (nt) {
-    case 1: return launch_quantized<F, 1>(x, M, w, y, invariant);
-    case 2: return launch_quantized<F, 2>(x, M, w, y, invariant);
-    case 4: return launch_quantized<F, 4>(x, M, w, y, invariant);
-    default: return launch_quantized<F, 8>(x, M, w, y, invariant);
+    case 1: return launch_quantized<F, 1, kFast>(x, M, w, y, invariant);
+    case 2: return launch_quantized<F, 2, kFast>(x, M, w, y, invariant);
+    case 4: return launch_quantized<F, 4, kFast>(x, M, w, y, invariant);
+    default: return launch_quantized<F, 8, kFast>(x, M, w, y, invariant);
   }
 }
 
@@ -411,16 +413,18 @@ int nt_for(int64_t tokens) {
   return 8;
 }
 
-void quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool invariant) {
+void quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool invariant, bool fast_fp4) {
   DI_CHECK(w.mode == WeightMode::kFp8Block || w.mode == WeightMode::kFp4Expert);
   const int64_t K = w.cols, N = w.rows;
   DI_CHECK_MSG(K % 32 == 0, "FP8 linear needs K divisible by 32");
   DI_CHECK_MSG(S * K < (1LL << 31) && N < (1LL << 30) && (S + 63) / 64 <= 65535, "linear: shape too large");
   if (S == 0 || N == 0) return;
   if (w.mode == WeightMode::kFp8Block)
-    launch_quantized_nt<mma::WFmt::kFp8Block>(nt_for(S), x, S, w, y, invariant);
+    launch_quantized_nt<mma::WFmt::kFp8Block, false>(nt_for(S), x, S, w, y, invariant);
+  else if (fast_fp4)
+    launch_quantized_nt<mma::WFmt::kFp4Row, true>(nt_for(S), x, S, w, y, invariant);
   else
-    launch_quantized_nt<mma::WFmt::kFp4Row>(nt_for(S), x, S, w, y, invariant);
+    launch_quantized_nt<mma::WFmt::kFp4Row, false>(nt_for(S), x, S, w, y, invariant);
 }
 
 void float_linear(const float* x, int64_t S, const Weight& w, bool bf16_out, float* y) {

@@ -1,20 +1,29 @@
 // Warp tiles of the quantized GEMMs (dense decode linear, grouped MoE experts) on the FP8 tensor
-// cores: mma.sync m16n8k32 e4m3 x e4m3 -> f32, one MMA per 32-wide K block, whose partial is scaled
-// by the activation and weight E8M0 scales and added to an fp32 accumulator on the CUDA cores (the
-// structure of the reference's fp8_gemm / fp4_gemm and of CpuBackend::linear; the block partial itself
-// is summed by the tensor core, so results equal the CPU's to rounding, not bit for bit).
+// cores, one MMA per 32-wide K block whose partial is scaled by the activation and weight E8M0 scales
+// and added to an fp32 accumulator on the CUDA cores (the structure of the reference's fp8_gemm /
+// fp4_gemm and of CpuBackend::linear):
+//  - exact (the default): mma.sync m16n8k32 e4m3, which sm_90 runs as operand conversions and two
+//    f16 HMMAs: the block sums of the exact products in fp32, so results equal the CPU's to rounding.
+//  - fast (kFast, MXFP4 weights only: EngineOptions::fast_fp4_gemm): wgmma m64nNk32 e4m3 (wgmma.cuh),
+//    native on sm_90 -- no conversions and no zero adds, which bound the grouped MoE kernel (~60 instead
+//    of ~105 instructions per K block, bench/RESULTS.md). The FP8 tensor core truncates a block's
+//    products to 13 fractional bits below the largest and its sum to 14 significant bits (as in
+//    DeepGEMM's FP8 GEMMs, which add 4 blocks per sum), so a block partial differs from the exact one
+//    by up to ~2^-13 relative.
 //
-// Swap-AB: the weight is the MMA's A operand (16 output features x 32 K), the activation its B
-// operand (8 tokens x 32 K), so one weight byte serves up to 8 * NT tokens. A warp owns 32 output
-// features (two m16 tiles; one FP8 scale row block) and up to 64 tokens (NT n8 tiles); the CTA's
-// four warps share the activation, staged in shared memory (and quantized there for small batches),
-// and stream their weight rows through a two-stage register pipeline.
+// Swap-AB: the weight is the MMA's A operand (output features x 32 K, from registers), the
+// activation its B operand (8 NT tokens x 32 K, from shared memory), so one weight byte serves up
+// to 8 * NT tokens. A warp owns 32 output features (two m16 tiles; for wgmma, its two 16-row slices
+// of the CTA's two m64 MMAs; one FP8 scale row block) and the CTA's four warps (one warpgroup) share the activation, staged in
+// shared memory (and quantized there for small batches); each warp streams its weight rows through a
+// two-stage register pipeline.
 //
 // K permutation: lane (g = lane / 4, q = lane % 4) feeds the MMA with the physical K bytes
-// [8q, 8q + 8) of its rows / token (first 4 bytes in fragment register 0 / 2, the next 4 in 1 / 3).
-// The sum over a K block does not depend on which MMA k slot a byte occupies, as long as weight and
-// activation use the same assignment, so every lane reads 8 contiguous bytes of a weight row (one
-// 8-byte load; 4 lanes cover a row's 32-byte sector) and 8 of an activation row.
+// [8q, 8q + 8) of its rows (first 4 bytes in fragment register 0 / 1, logical k 4q.., the next 4 in
+// 2 / 3, logical k 16 + 4q..). The sum over a K block does not depend on which MMA k slot a byte
+// occupies, as long as weight and activation use the same assignment, so every lane reads 8
+// contiguous bytes of a weight row (one 8-byte load; 4 lanes cover a row's 32-byte sector); the
+// activation is staged in that logical order (b_word_offset).
 //
 // MXFP4 weights (E2M1, per-row-per-32 E8M0 scales) are widened to E4M3 in registers (every E2M1
 // value is exact in E4M3). They are stored tiled and re-encoded (fp4_layout.cuh): a lane's 4 rows of
@@ -28,6 +37,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace di::cuda::mma {
 
@@ -88,7 +98,8 @@ __device__ __forceinline__ float e8m0_byte_to_float(uint32_t w, int b) {
   return __uint_as_float((b < 3 ? w << (23 - 8 * b) : w >> 1) & 0x7f800000u);
 }
 
-// d = A (16x32 e4m3) x B (32x8 e4m3), fresh fp32 accumulators.
+// d = A (16x32 e4m3) x B (32x8 e4m3), fresh fp32 accumulators. sm_90 lowers it to two f16 HMMAs, so
+// the block sum is exact in fp32 (the fast wgmma path keeps ~14 bits of it: see the header).
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -121,16 +132,27 @@ __device__ __forceinline__ void warp_rows(const uint8_t* w, int row0, int N, int
     }
 }
 
-// Per token-tile width: K blocks of activation staged in shared memory at a time (codes row stride
-// = 32 mod 128 bytes, so a warp's 8-byte B-fragment reads are conflict-free), and K blocks of weight
-// per register pipeline stage (two stages: the next one loads while this one computes).
+// Per token-tile width: K blocks of activation staged in shared memory at a time, and K blocks of
+// weight per register pipeline stage (two stages: the next one loads while this one computes). The
+// staged codes: for mma.sync, token rows in physical K order (row stride = 32 mod 128 bytes, so a
+// warp's 8-byte B-fragment reads are conflict-free); for wgmma, kBlockBytes per K block in its B
+// layout (b_word_offset).
 template <int NT>
 struct TileShape {
   static constexpr int kChunk = NT <= 2 ? 64 : (NT == 4 ? 32 : 16);
   static constexpr int kRows = 8 * NT;
   static constexpr int kCodeStride = kChunk * 32 + 32;
+  static constexpr int kBlockBytes = 32 * kRows;  // [NT groups][2 K halves][8 tokens][16 bytes]
   static constexpr int kScaleStride = kChunk + 1;
 };
+// wgmma B layout, within one staged K block: the byte offset of physical K word pw (bytes 4 pw ..
+// 4 pw + 3, pw < 8) of token t. Logical word pw / 2 + 4 (pw % 2) (the K permutation above): half
+// pw % 2, bytes 4 (pw / 2) of the token's 16-byte core-matrix row; 8-token groups 256 bytes apart.
+__device__ __forceinline__ int b_word_offset(int t, int pw) {
+  return (t >> 3) * 256 + (pw & 1) * 128 + (t & 7) * 16 + (pw >> 1) * 4;
+}
+inline constexpr uint32_t kBHalfBytes = 128;   // wgmma descriptor LBO: the K block's two 16-byte halves
+inline constexpr uint32_t kBGroupBytes = 256;  // SBO: 8-token groups
 template <WFmt F, int NT>
 inline constexpr int kStageBlocks = F == WFmt::kFp8Block ? (NT <= 2 ? 4 : 2) : (NT <= 2 ? 8 : 4);
 
@@ -152,21 +174,26 @@ struct ActSource {
 // Latency: the weight words and their E8M0 scales of the next U K blocks load while the current U
 // compute (nothing in the compute loop waits on global memory); a chunk's activation is staged with
 // cp.async (one wait per chunk) or, for fp32 rows, quantized from loads issued 8 blocks at a time.
-template <WFmt F, int NT, class ActRow>
+// kWg: each K block is one wgmma per 64-row slice into fresh accumulators, waited for before its
+// scaled add (the per-block scales forbid accumulating across blocks in the tensor core); all N = 8 NT
+// columns are multiplied, those of padding groups past `count` hold stale values and are dropped.
+template <WFmt F, int NT, bool kFast, class ActRow>
 __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const uint8_t* __restrict__ wscale,
                                          int64_t scale_cols, int N, int K, int row0, int kb0, int kb1,
                                          const ActSource& src, int count, const ActRow& act_row,
                                          float (&acc)[2][NT][4]) {
   using Shape = TileShape<NT>;
-  constexpr int C = Shape::kChunk, S = Shape::kCodeStride, SS = Shape::kScaleStride;
+  constexpr int C = Shape::kChunk, S = Shape::kCodeStride, BB = Shape::kBlockBytes, SS = Shape::kScaleStride;
   constexpr int U = kStageBlocks<F, NT>;
   constexpr bool kFp8 = F == WFmt::kFp8Block;
+  constexpr bool kWg = kFast && !kFp8;  // wgmma block sums (MXFP4 only)
   constexpr int W = kFp8 ? 2 : 1;  // 32-bit weight words per (block, row) per lane
   // scale registers per stage, U either way: FP8 one byte per block (the warp's 32-row block), one per
   // register; FP4 the U bytes of each of the lane's 4 rows, packed 4 to a register
   constexpr int SW = U;
   static_assert(kFp8 || U % 4 == 0, "FP4 stages hold whole scale words");
-  __shared__ __align__(16) uint8_t sx[Shape::kRows * S];
+  // staged codes: kWg [chunk block][wgmma B layout] (b_word_offset), else [token][chunk block][32]
+  __shared__ alignas(kWg ? 128 : 16) uint8_t sx[kWg ? C * BB : Shape::kRows * S];
   __shared__ float ss[Shape::kRows * SS];
   __shared__ int32_t srow[Shape::kRows];  // activation row of each tile token, -1 for padding
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, warp = threadIdx.x >> 5;
@@ -213,14 +240,17 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   if (threadIdx.x < rows_pad) srow[threadIdx.x] = threadIdx.x < count ? act_row(threadIdx.x) : -1;
   uint32_t cur[U][2][2][W], nxt[U][2][2][W] = {};
   uint32_t cur_s[SW], nxt_s[SW] = {};
+  float d[2][NT][4] = {};  // kWg: one K block's partials, [mt] = the m64 MMA of rows 16 mt + 8 h + g
   load(cur, cur_s, kb0);  // in flight while the first activation chunk is staged
   for (int kc = kb0; kc < kb1; kc += C) {
     const int nkc = min(C, kb1 - kc);
     __syncthreads();  // the previous chunk's readers are done (and srow is written)
     // padding tokens: zero codes and scales
-    for (int i = threadIdx.x; i < (rows_pad - count) * nkc * 2; i += kThreads) {
-      const int r = count + i / (2 * nkc), c = i % (2 * nkc);
-      *reinterpret_cast<uint4*>(sx + r * S + c * 16) = make_uint4(0u, 0u, 0u, 0u);
+    for (int i = threadIdx.x; i < (rows_pad - count) * nkc * 2; i += kThreads) {  // 16-byte pieces
+      const int r = count + i / (2 * nkc), c16 = i % (2 * nkc);
+      // kWg: block c16 / 2's core-matrix row of K half c16 % 2 (b_word_offset of word c16 % 2)
+      const int at = kWg ? c16 / 2 * BB + b_word_offset(r, c16 % 2) : r * S + c16 * 16;
+      *reinterpret_cast<uint4*>(sx + at) = make_uint4(0u, 0u, 0u, 0u);
     }
     for (int i = threadIdx.x; i < (rows_pad - count) * nkc; i += kThreads) ss[(count + i / nkc) * SS + i % nkc] = 0.0f;
     if (src.x) {  // quantize fp32 rows: one warp per 32-value block, 8 blocks' loads in flight
@@ -239,14 +269,22 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
           if (b >= blocks) break;  // warp-uniform
           const int r = b / nkc, c = b - r * nkc;
           const int e = dq::round_scale_exponent(dq::group_amax<32>(v[j], dq::kFp8AmaxFloor), dq::kFp8MaxInv);
-          sx[r * S + c * 32 + lane] = dq::fp8_code(v[j], dq::scale_from_exponent(e));
+          const int at = kWg ? c * BB + b_word_offset(r, lane >> 2) + (lane & 3) : r * S + c * 32 + lane;
+          sx[at] = dq::fp8_code(v[j], dq::scale_from_exponent(e));
           if (lane == 0) ss[r * SS + c] = e8m0_to_float(dq::e8m0_byte(e)) * (kFp8 ? 1.0f : kFp4CodeScale);
         }
       }
     } else {
-      for (int i = threadIdx.x; i < count * nkc * 2; i += kThreads) {
-        const int r = i / (2 * nkc), c = i - r * 2 * nkc;
-        cp_async16(sx + r * S + c * 16, src.xc + static_cast<int64_t>(srow[r]) * K + kc * 32 + c * 16);
+      if constexpr (kWg) {
+        for (int i = threadIdx.x; i < count * nkc * 8; i += kThreads) {  // 4-byte words: the K permutation
+          const int r = i / (8 * nkc), c = i % (8 * nkc) / 8, pw = i % 8;
+          cp_async4(sx + c * BB + b_word_offset(r, pw), src.xc + static_cast<int64_t>(srow[r]) * K + (kc + c) * 32 + pw * 4);
+        }
+      } else {
+        for (int i = threadIdx.x; i < count * nkc * 2; i += kThreads) {
+          const int r = i / (2 * nkc), c = i - r * 2 * nkc;
+          cp_async16(sx + r * S + c * 16, src.xc + static_cast<int64_t>(srow[r]) * K + kc * 32 + c * 16);
+        }
       }
       for (int i = threadIdx.x; i < count * nkc; i += kThreads) {
         const int r = i / nkc, c = i - r * nkc;
@@ -259,11 +297,12 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
           ss[r * SS + c] *= kFp4CodeScale;
         }
     }
+    if constexpr (kWg) wg::fence_async_smem();  // the staged codes are read by wgmma (the async proxy)
     __syncthreads();
     for (int kb = kc; kb < kc + nkc; kb += U) {
       if (kb + U < kb1) load(nxt, nxt_s, kb + U);
-      // this lane's activation codes and scales of the stage's first block (per block, per token
-      // tile: constant offsets)
+      // this lane's activation codes (mma.sync) and scales of the stage's first block (per block, per
+      // token tile: constant offsets)
       const uint8_t* xs_lane = sx + g * S + (kb - kc) * 32 + 8 * q;
       const float* ss_lane = ss + 2 * q * SS + (kb - kc);
 #pragma unroll
@@ -296,21 +335,46 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
             a[mt][3] = fp4_hi(cur[u][mt][1][0]);
           }
         }
+        // acc += partial p[mt][i] * (act scale * weight scale) for token tile nt: both powers of two, so
+        // this is the CPU's (partial * xs) * ws unless an intermediate leaves the normal range
+        const auto scale_add = [&](int nt, int mt, const float (&p)[4], float s0, float s1) {
+          acc[mt][nt][0] = fmaf(p[0], s0 * ws[mt][0], acc[mt][nt][0]);
+          acc[mt][nt][1] = fmaf(p[1], s1 * ws[mt][0], acc[mt][nt][1]);
+          acc[mt][nt][2] = fmaf(p[2], s0 * ws[mt][1], acc[mt][nt][2]);
+          acc[mt][nt][3] = fmaf(p[3], s1 * ws[mt][1], acc[mt][nt][3]);
+        };
+        if constexpr (!kWg) {  // one mma.sync per (m16, n8) tile: exact block sums
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          if (nt >= nt_active) break;
-          const uint2 b = *reinterpret_cast<const uint2*>(xs_lane + nt * 8 * S + u * 32);
-          const float s0 = ss_lane[nt * 8 * SS + u], s1 = ss_lane[nt * 8 * SS + SS + u];
+          for (int nt = 0; nt < NT; ++nt) {
+            if (nt >= nt_active) break;
+            const uint2 b = *reinterpret_cast<const uint2*>(xs_lane + nt * 8 * S + u * 32);
+            const float s0 = ss_lane[nt * 8 * SS + u], s1 = ss_lane[nt * 8 * SS + SS + u];
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            float d[4];
-            mma_e4m3(d, a[mt], b.x, b.y);
-            // partial * (act scale * weight scale): both powers of two, so this is the CPU's
-            // (partial * xs) * ws unless an intermediate leaves the normal range
-            acc[mt][nt][0] = fmaf(d[0], s0 * ws[mt][0], acc[mt][nt][0]);
-            acc[mt][nt][1] = fmaf(d[1], s1 * ws[mt][0], acc[mt][nt][1]);
-            acc[mt][nt][2] = fmaf(d[2], s0 * ws[mt][1], acc[mt][nt][2]);
-            acc[mt][nt][3] = fmaf(d[3], s1 * ws[mt][1], acc[mt][nt][3]);
+            for (int mt = 0; mt < 2; ++mt) {
+              float p[4];
+              mma_e4m3(p, a[mt], b.x, b.y);
+              scale_add(nt, mt, p, s0, s1);
+            }
+          }
+        } else {  // one wgmma per 64-row slice, all 8 NT tokens
+          const uint64_t bdesc = wg::desc(sx + (k - kc) * BB, kBHalfBytes, kBGroupBytes);
+          wg::fence();  // a[] and d[] were written / read by this thread since the last wgmma
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) wg::mma_e4m3<8 * NT>(d[mt], a[mt], bdesc);
+          wg::commit();
+          wg::wait<0>();
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) wg::pin(d[mt][nt][i]);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            if (nt >= nt_active) break;
+            const float s0 = ss_lane[nt * 8 * SS + u], s1 = ss_lane[nt * 8 * SS + SS + u];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) scale_add(nt, mt, d[mt][nt], s0, s1);
           }
         }
       }

@@ -11,6 +11,7 @@
 // Batch-invariant mode: the K split is the one-row plan at every S (batch_invariance.cuh), run inside
 // each CTA when split CTAs would not fit in one wave.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/batch_invariance.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -125,7 +126,7 @@ struct GroupedMat {
   float* y;                 // [n, N]
 };
 
-template <int NT, bool kInlineSplits>
+template <int NT, bool kInlineSplits, bool kFast>
 __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     grouped_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, const int32_t* __restrict__ act_row_of,
                        RouteLists l, GroupedMat m0, GroupedMat m1, int row_ctas, int N, int K, int n_rows,
@@ -154,14 +155,14 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
       for (int sp = 0; sp < inline_splits; ++sp) {
         float sum_part[2][NT][4] = {};
         const int ikb0 = sp * kb_per_split, ikb1 = min(nb, ikb0 + kb_per_split);
-        cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, ikb0, ikb1, src, count, act_row, sum_part);
+        cta_tile<WFmt::kFp4Row, NT, kFast>(w, wsc, nb, N, K, row0, ikb0, ikb1, src, count, act_row, sum_part);
         add_split(acc, sum_part);
       }
       for_each_acc(acc, row0, N, count,
                    [&](int r, int t, float v) { m.y[static_cast<int64_t>(pc + t) * N + r] = dq::round_bf16(v); });
       continue;
     }
-    cta_tile<WFmt::kFp4Row, NT>(w, wsc, nb, N, K, row0, kb0, kb1, src, count, act_row, acc);
+    cta_tile<WFmt::kFp4Row, NT, kFast>(w, wsc, nb, N, K, row0, kb0, kb1, src, count, act_row, acc);
     if (splits == 1)
       for_each_acc(acc, row0, N, count,
                    [&](int r, int t, float v) { m.y[static_cast<int64_t>(pc + t) * N + r] = dq::round_bf16(v); });
@@ -225,13 +226,14 @@ template <int NT>
 int64_t grouped_capacity() {
   static const int64_t resident = [] {
     int v = 0;
-    DI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, grouped_fp4_kernel<NT, false>, mma::kThreads, 0));
+    DI_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, grouped_fp4_kernel<NT, false, false>, mma::kThreads, 0));
     return static_cast<int64_t>(std::max(v, 1)) * sm_count();
   }();
   return resident;
 }
 
-template <int NT>
+template <int NT, bool kFast>
 void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat& m1, int mats, int slots,
                     const GroupedSplitMode& mode) {
   const int64_t tiles = static_cast<int64_t>(mats) * a.row_ctas, capacity = grouped_capacity<NT>();
@@ -240,7 +242,7 @@ void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat
   const int64_t partial_bytes = static_cast<int64_t>(mats) * plan.splits * a.n_rows * a.N * 4;
   if (!bi::splits_on_ctas(mode.invariant, tiles * slots, plan.splits, capacity, partial_bytes)) {
     const dim3 grid(static_cast<unsigned>(tiles), 1u, static_cast<unsigned>(slots));
-    ::di::cuda::launch(grouped_fp4_kernel<NT, true>, grid, mma::kThreads, 0, a.xc, a.xs, a.act_row_of, a.lists, m0, m1,
+    ::di::cuda::launch(grouped_fp4_kernel<NT, true, kFast>, grid, mma::kThreads, 0, a.xc, a.xs, a.act_row_of, a.lists, m0, m1,
                        a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, plan.splits, nullptr, nullptr);
     return;
   }
@@ -251,7 +253,7 @@ void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat
     counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(mats) * a.row_ctas * slots);
   }
   const dim3 grid(static_cast<unsigned>(mats * a.row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(slots));
-  ::di::cuda::launch(grouped_fp4_kernel<NT, false>, grid, mma::kThreads, 0, a.xc, a.xs, a.act_row_of, a.lists, m0, m1,
+  ::di::cuda::launch(grouped_fp4_kernel<NT, false, kFast>, grid, mma::kThreads, 0, a.xc, a.xs, a.act_row_of, a.lists, m0, m1,
                      a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, 1, partial, counters);
 }
 
@@ -269,12 +271,16 @@ void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0,
                       int slots, int nt, const GroupedSplitMode& mode) {
   const int mats = w1 ? 2 : 1;
   const GroupedMat m0{w0, y0}, m1{w1 ? w1 : w0, w1 ? y1 : y0};
-  switch (nt) {
-    case 1: return launch_grouped<1>(a, m0, m1, mats, slots, mode);
-    case 2: return launch_grouped<2>(a, m0, m1, mats, slots, mode);
-    case 4: return launch_grouped<4>(a, m0, m1, mats, slots, mode);
-    default: return launch_grouped<8>(a, m0, m1, mats, slots, mode);
-  }
+  const auto launch = [&](auto fast) {
+    switch (nt) {
+      case 1: return launch_grouped<1, fast()>(a, m0, m1, mats, slots, mode);
+      case 2: return launch_grouped<2, fast()>(a, m0, m1, mats, slots, mode);
+      case 4: return launch_grouped<4, fast()>(a, m0, m1, mats, slots, mode);
+      default: return launch_grouped<8, fast()>(a, m0, m1, mats, slots, mode);
+    }
+  };
+  if (mode.fast) launch(std::true_type{});
+  else launch(std::false_type{});
 }
 
 void swiglu_quant(const float* gate, const float* up, const RouteLists& l, int64_t n_exp, const float* route_w,

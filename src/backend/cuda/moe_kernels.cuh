@@ -74,11 +74,12 @@ struct GroupedArgs {
   int N, K;
   int n_rows;                 // n = S*k (rows of y, partial sums)
 };
-// How the grouped GEMMs choose their K split: `invariant` (batch-invariant mode) takes the plan of
+// How the grouped GEMMs choose their K split (and their MMA): `invariant` (batch-invariant mode) takes the plan of
 // one row, whose entries can use min(E, k) expert slots (`one_row_slots`); see batch_invariance.cuh.
 struct GroupedSplitMode {
   bool invariant = false;
   int64_t one_row_slots = 1;
+  bool fast = false;  // block sums on wgmma (EngineOptions::fast_fp4_gemm, mma_gemm.cuh)
 };
 // slots: grid z (the most experts that can be active); nt: n8 token tiles per warp. K is split across
 // CTAs while they fit in one wave (partials and counters in the persistent workspace).
