@@ -108,8 +108,9 @@ assert lines("out.jsonl")[2]["usage"]["prompt_tokens"] == len(ids), (len(ids), l
 '
 
 # Modes and stdout output: the same greedy results with every prefix-cache mode, batch invariance,
-# and synchronous scheduling.
-for mode in "--prefix-cache off" "--prefix-cache exact --batch-invariant" "--prefix-cache replay --no-async"; do
+# and synchronous scheduling (and --fast-fp4-gemm, a CUDA option the CPU backend accepts and ignores).
+for mode in "--prefix-cache off" "--prefix-cache exact --batch-invariant" "--prefix-cache replay --no-async" \
+  "--fast-fp4-gemm"; do
   # shellcheck disable=SC2086
   run_gen "modes $mode" --prompts "$WORK/in.jsonl" --output - $mode
   cp "$WORK/stdout" "$WORK/out_mode.jsonl"

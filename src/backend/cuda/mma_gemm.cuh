@@ -14,9 +14,9 @@
 // Swap-AB: the weight is the MMA's A operand (output features x 32 K, from registers), the
 // activation its B operand (8 NT tokens x 32 K, from shared memory), so one weight byte serves up
 // to 8 * NT tokens. A warp owns 32 output features (two m16 tiles; for wgmma, its two 16-row slices
-// of the CTA's two m64 MMAs; one FP8 scale row block) and the CTA's four warps (one warpgroup) share the activation, staged in
-// shared memory (and quantized there for small batches); each warp streams its weight rows through a
-// two-stage register pipeline.
+// of the CTA's two m64 MMAs; one FP8 scale row block) and the CTA's four warps (one warpgroup) share
+// the activation, staged in shared memory (and quantized there for small batches); each warp streams
+// its weight rows through a two-stage register pipeline.
 //
 // K permutation: lane (g = lane / 4, q = lane % 4) feeds the MMA with the physical K bytes
 // [8q, 8q + 8) of its rows (first 4 bytes in fragment register 0 / 1, logical k 4q.., the next 4 in
@@ -278,7 +278,8 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
       if constexpr (kWg) {
         for (int i = threadIdx.x; i < count * nkc * 8; i += kThreads) {  // 4-byte words: the K permutation
           const int r = i / (8 * nkc), c = i % (8 * nkc) / 8, pw = i % 8;
-          cp_async4(sx + c * BB + b_word_offset(r, pw), src.xc + static_cast<int64_t>(srow[r]) * K + (kc + c) * 32 + pw * 4);
+          cp_async4(sx + c * BB + b_word_offset(r, pw),
+                    src.xc + static_cast<int64_t>(srow[r]) * K + (kc + c) * 32 + pw * 4);
         }
       } else {
         for (int i = threadIdx.x; i < count * nkc * 2; i += kThreads) {
