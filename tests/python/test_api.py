@@ -138,7 +138,8 @@ class ApiTest(unittest.TestCase):
         self.assertGreater(ticks, 3)
 
     def test_default_model_and_modes(self):
-        llm = LLM(prefix_cache="exact", batch_invariant=True, async_scheduling=False)
+        # fast_fp4_gemm: a CUDA option that the CPU backend accepts and ignores
+        llm = LLM(prefix_cache="exact", batch_invariant=True, async_scheduling=False, fast_fp4_gemm=True)
         out = llm.generate([prompt(), prompt()], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
         self.assertEqual([len(o.outputs[0].token_ids) for o in out], [3, 3])
         # the engine publishes its stats after a step: they may trail the results for a moment
