@@ -131,13 +131,14 @@ __global__ void reduce_splits_kernel(const float* __restrict__ partial, int spli
   y[i] = bf16_out ? dq::round_bf16(v) : v;
 }
 
-// CTAs of one instantiation resident per SM (for the split planning).
-template <mma::WFmt F, int NT>
+// CTAs of one instantiation resident per SM (for the split planning): the kernel that runs (the fast
+// MXFP4 tiles use other registers and shared memory than the exact ones).
+template <mma::WFmt F, int NT, bool kFast>
 int resident_ctas() {
   static const int n = [] {
     int v = 0;
     DI_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, quantized_linear_kernel<F, NT, false, false>, mma::kThreads, 0));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, quantized_linear_kernel<F, NT, false, kFast>, mma::kThreads, 0));
     return std::max(v, 1);
   }();
   return n;
@@ -154,9 +155,9 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
     src = mma::ActSource{codes, scales, nullptr};
   }
   const int64_t row_ctas = (N + mma::kCtaRows - 1) / mma::kCtaRows, chunks = (M + mma::kTokTile - 1) / mma::kTokTile;
-  const int64_t capacity = resident_ctas<F, NT>() * sm_count();
+  const int64_t capacity = resident_ctas<F, NT, kFast>() * sm_count();
   const SplitPlan plan =
-      bi::linear_k_split(invariant, row_ctas, chunks, nb, NT, capacity, resident_ctas<F, 1>() * sm_count());
+      bi::linear_k_split(invariant, row_ctas, chunks, nb, NT, capacity, resident_ctas<F, 1, kFast>() * sm_count());
   if (!bi::splits_on_ctas(invariant, row_ctas * chunks, plan.splits, capacity, plan.splits * M * N * 4)) {
     const dim3 grid(static_cast<unsigned>(row_ctas), 1u, static_cast<unsigned>(chunks));
     ::di::cuda::launch(quantized_linear_kernel<F, NT, true, kFast>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),

@@ -222,12 +222,12 @@ __global__ void combine_kernel(const float* __restrict__ down, const int32_t* __
 }
 
 // CTAs of grouped_fp4_kernel<NT> resident on the whole GPU (for the split planning).
-template <int NT>
+template <int NT, bool kFast>
 int64_t grouped_capacity() {
   static const int64_t resident = [] {
     int v = 0;
     DI_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, grouped_fp4_kernel<NT, false, false>, mma::kThreads, 0));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, grouped_fp4_kernel<NT, false, kFast>, mma::kThreads, 0));
     return static_cast<int64_t>(std::max(v, 1)) * sm_count();
   }();
   return resident;
@@ -236,9 +236,9 @@ int64_t grouped_capacity() {
 template <int NT, bool kFast>
 void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat& m1, int mats, int slots,
                     const GroupedSplitMode& mode) {
-  const int64_t tiles = static_cast<int64_t>(mats) * a.row_ctas, capacity = grouped_capacity<NT>();
+  const int64_t tiles = static_cast<int64_t>(mats) * a.row_ctas, capacity = grouped_capacity<NT, kFast>();
   const dense::SplitPlan plan = bi::grouped_k_split(mode.invariant, tiles, slots, mode.one_row_slots, a.K / 32, NT,
-                                                    capacity, grouped_capacity<1>());
+                                                    capacity, grouped_capacity<1, kFast>());
   const int64_t partial_bytes = static_cast<int64_t>(mats) * plan.splits * a.n_rows * a.N * 4;
   if (!bi::splits_on_ctas(mode.invariant, tiles * slots, plan.splits, capacity, partial_bytes)) {
     const dim3 grid(static_cast<unsigned>(tiles), 1u, static_cast<unsigned>(slots));
