@@ -52,6 +52,15 @@ class Backend {
   // backend ignores it.
   virtual void set_fast_fp4_gemm(bool on) { (void)on; }
 
+  // --- concurrency --------------------------------------------------------------------------------
+  // Ops issued between side_begin() and side_end() see every op issued before side_begin(), and may
+  // run beside the ops issued after side_end(); side_join() orders every later op after them. Until
+  // the join the caller must not read their outputs, nor change their inputs in place (copies to
+  // the host join first). A backend may run everything in order: the CPU backend ignores these.
+  virtual void side_begin() {}
+  virtual void side_end() {}
+  virtual void side_join() {}
+
   // --- memory -----------------------------------------------------------------------------------
   virtual Tensor alloc(TType type, const std::vector<int64_t>& shape) = 0;  // contents undefined
   virtual Tensor zeros(TType type, const std::vector<int64_t>& shape) = 0;
@@ -190,6 +199,18 @@ class Backend {
   virtual Tensor engram_inject(const Tensor& x, const Tensor& kv, const Weight& q_weight, const Weight& k_weight,
                                int hc, float eps) = 0;
 };
+
+// f() issued as side work (Backend::side_begin / side_end, the end also when f throws); its result.
+template <class F>
+auto run_beside(Backend& b, F&& f) {
+  struct Scope {
+    Backend& b;
+    ~Scope() { b.side_end(); }
+  };
+  b.side_begin();
+  Scope scope{b};
+  return f();
+}
 
 // A copy of `t` in new storage of the same backend (t itself when it holds nothing).
 Tensor copy_tensor(Backend& b, const Tensor& t);

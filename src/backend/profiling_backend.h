@@ -65,6 +65,9 @@ class ProfilingBackend final : public Backend {
   std::string name() const override { return inner_.name(); }
   void set_batch_invariant(bool on) override { inner_.set_batch_invariant(on); }
   void set_fast_fp4_gemm(bool on) override { inner_.set_fast_fp4_gemm(on); }
+  void side_begin() override { inner_.side_begin(); }
+  void side_end() override { inner_.side_end(); }
+  void side_join() override { inner_.side_join(); }
   Tensor alloc(TType type, const std::vector<int64_t>& shape) override;
   Tensor zeros(TType type, const std::vector<int64_t>& shape) override;
   Tensor from_host_f32(const std::vector<float>& v, const std::vector<int64_t>& shape) override;

@@ -81,6 +81,7 @@ std::vector<ForwardResult> Model::forward_batch(std::vector<BatchEntry>& entries
         throw Error("forward_batch: entries " + std::to_string(f) + " and " + std::to_string(e) +
                     " feed the same sequence state");
   }
+  backend_.side_join();  // side work of an earlier forward that threw before its join
   Batch batch;
   batch.split_layer = last_kv_source_layer();
   batch.scratch.resize(entries.size());

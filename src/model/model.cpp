@@ -94,20 +94,27 @@ Tensor Model::block(int layer, const Tensor& h_in, Tensor& pre_mix, Batch& batch
   Tensor x = backend_.rmsnorm(backend_.hc_pre(h_in, pre_mix, hc), lw.attn_norm, eps);
   batch.set_query_rows(layer == batch.split_layer, cfg_.window);
   Tensor h = batch.query_rows(backend_, h_in);
-  // the mixes the FFN site uses
-  Tensor a_mix = backend_.hc_mixes(h, hc, lw.hc_attn_fn, lw.hc_attn_scale, lw.hc_attn_base, eps,
-                                   cfg_.hc_sinkhorn_iters, hc_eps);
+  // the mixes the FFN site uses: nothing reads them before hc_post, so they are computed beside the
+  // attention (a backend may run side work concurrently; Backend::side_begin)
+  Tensor a_mix = run_beside(backend_, [&] {
+    return backend_.hc_mixes(h, hc, lw.hc_attn_fn, lw.hc_attn_scale, lw.hc_attn_base, eps, cfg_.hc_sinkhorn_iters,
+                             hc_eps);
+  });
   Tensor y = cfg_.layers[layer].is_dspark ? dspark_attention(layer, x, batch.positions, *batch.parts[0].state)
                                           : attention(layer, x, batch);
   if (batch.query_rows_differ()) batch.adopt_query_rows();
   if (hooks && hooks->after_attention) hooks->after_attention(layer, y);
+  backend_.side_join();
   Tensor h1 = backend_.hc_post(y, h, a_mix, hc);
-  // FFN site
-  Tensor f_mix = backend_.hc_mixes(h1, hc, lw.hc_ffn_fn, lw.hc_ffn_scale, lw.hc_ffn_base, eps,
-                                   cfg_.hc_sinkhorn_iters, hc_eps);
+  // FFN site; its mixes (the next site's pre) beside the MoE
+  Tensor f_mix = run_beside(backend_, [&] {
+    return backend_.hc_mixes(h1, hc, lw.hc_ffn_fn, lw.hc_ffn_scale, lw.hc_ffn_base, eps, cfg_.hc_sinkhorn_iters,
+                             hc_eps);
+  });
   x = backend_.rmsnorm(backend_.hc_pre(h1, a_mix, hc), lw.ffn_norm, eps);
   y = moe(layer, x);
   if (hooks && hooks->after_ffn) hooks->after_ffn(layer, y);
+  backend_.side_join();
   pre_mix = f_mix;
   return backend_.hc_post(y, h1, f_mix, hc);
 }

@@ -26,6 +26,9 @@ class EpBackend final : public Backend {
   std::string name() const override { return inner_.name() + "+ep"; }
   void set_batch_invariant(bool on) override { inner_.set_batch_invariant(on); }
   void set_fast_fp4_gemm(bool on) override { inner_.set_fast_fp4_gemm(on); }
+  void side_begin() override { inner_.side_begin(); }
+  void side_end() override { inner_.side_end(); }
+  void side_join() override { inner_.side_join(); }
   Tensor alloc(TType t, const std::vector<int64_t>& s) override { return inner_.alloc(t, s); }
   Tensor zeros(TType t, const std::vector<int64_t>& s) override { return inner_.zeros(t, s); }
   Tensor from_host_f32(const std::vector<float>& v, const std::vector<int64_t>& s) override {

@@ -2,7 +2,8 @@
 # The engine on the GPU (brown-small, the default model): async scheduling on vs off gives the same
 # outputs, and in batch-invariant mode a batch of requests gives what each request gives alone
 # (--max-running 1), and `score --batch-invariant` gives the same logits bit for bit whatever the
-# prefill chunking. Prints the summary lines (host gap per step, throughput) for bench/RESULTS.md.
+# prefill chunking; the side stream changes no bit (DEEPINFER_SIDE_STREAM=0 runs one stream). Prints
+# the summary lines (host gap per step, throughput) for bench/RESULTS.md.
 # usage: engine_cuda.sh DEEPINFER [OUTDIR]   (DI_DEVICE=cpu runs the same checks on the CPU)
 set -uo pipefail
 BIN=$1
@@ -46,4 +47,17 @@ for c in 1 7 64; do
   cmp -s "$DEST/chunk0.f32" "$DEST/chunk$c.f32" && echo "PASS batch-invariant: chunks of $c == whole prefill" \
     || { echo "FAIL batch-invariant: chunks of $c != whole prefill"; status=1; }
 done
+
+# the side stream (Backend::side_begin: hc_mixes and the shared expert beside the main chain) changes
+# no bit: the same batch of requests and the same logits with everything on one stream
+export DEEPINFER_SIDE_STREAM=0
+run one_stream
+cmp <(ids "$DEST/async.jsonl") <(ids "$DEST/one_stream.jsonl") && echo "PASS side stream == one stream (generate)" \
+  || { echo "FAIL side stream != one stream (generate)"; status=1; }
+"$BIN" score --model "$MODEL" --prompt-ids "$PROMPT" --forced-ids "$FORCED" --chunk 0 \
+  --batch-invariant --device "${DI_DEVICE:-cuda}" --out "$DEST/one_stream.f32" 2>>"$DEST/chunk.err" \
+  || { echo "FAIL score one stream"; status=1; }
+unset DEEPINFER_SIDE_STREAM
+cmp -s "$DEST/chunk0.f32" "$DEST/one_stream.f32" && echo "PASS side stream == one stream (score)" \
+  || { echo "FAIL side stream != one stream (score)"; status=1; }
 exit $status

@@ -259,7 +259,8 @@ void topk_lowest_index(const float* values, int64_t rows, int64_t stride, const 
                        const std::vector<int64_t>& k, int64_t out_k, int32_t offset, int32_t* out) {
   DI_CHECK(static_cast<int64_t>(n.size()) == rows && static_cast<int64_t>(k.size()) == rows);
   if (rows == 0 || out_k == 0) return;
-  DI_CUDA_CHECK(cudaMemsetAsync(out, 0xff, static_cast<size_t>(rows * out_k) * sizeof(int32_t), 0));  // -1
+  const size_t out_bytes = static_cast<size_t>(rows * out_k) * sizeof(int32_t);
+  DI_CUDA_CHECK(cudaMemsetAsync(out, 0xff, out_bytes, current_stream()));  // -1s
   int64_t kmax = 0, nmax = 0;
   for (int64_t r = 0; r < rows; ++r) {
     DI_CHECK(k[r] >= 0 && k[r] <= n[r] && n[r] <= stride && k[r] <= out_k);

@@ -756,7 +756,7 @@ Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<in
   if (ties == TieBreak::kTorch) {
     // Reference-compatibility path: torch.topk's choice among ties (torch_select.h on the device).
     flags = Scratch(static_cast<size_t>(s * n_blocks));
-    DI_CUDA_CHECK(cudaMemsetAsync(flags.as<uint8_t>(), 0, static_cast<size_t>(s * n_blocks), 0));
+    DI_CUDA_CHECK(cudaMemsetAsync(flags.as<uint8_t>(), 0, static_cast<size_t>(s * n_blocks), cuda::current_stream()));
     if (keep > 0) {
       Scratch list(static_cast<size_t>(s * keep) * sizeof(int32_t));
       cuda::attn::topk_torch(bs.as<float>(), s, n_blocks, n_blocks, keep, list.as<int32_t>());
@@ -765,7 +765,7 @@ Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<in
     }
   } else {
     flags = Scratch(static_cast<size_t>(s * n_blocks));
-    DI_CUDA_CHECK(cudaMemsetAsync(flags.as<uint8_t>(), 0, static_cast<size_t>(s * n_blocks), 0));
+    DI_CUDA_CHECK(cudaMemsetAsync(flags.as<uint8_t>(), 0, static_cast<size_t>(s * n_blocks), cuda::current_stream()));
     if (keep > 0) {
       Scratch list(static_cast<size_t>(s * keep) * sizeof(int32_t));
       cuda::attn::topk_lowest_index(bs.as<float>(), s, n_blocks, reach, kr, keep, 0, list.as<int32_t>());

@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_scratch.cuh"
 #include "backend/cuda/fp4_layout.cuh"
 #include "backend/cuda/pdl_launch.cuh"
+#include "backend/cuda/side_stream.cuh"
 
 namespace di {
 
@@ -30,7 +31,8 @@ std::shared_ptr<void> device_alloc(size_t bytes) {
 
 // Tensor memory: blocks of the stream-ordered cache (device_memory.cuh), so a steady-state op
 // allocates nothing from the driver and freeing never waits for the device (cudaFree would
-// synchronize after every op). All ops run on the default stream.
+// synchronize after every op). Ops run on the default stream, or on the side stream between
+// side_begin and side_end (side_stream.cuh says why that is safe).
 std::shared_ptr<void> tensor_alloc(size_t bytes) {
   if (bytes == 0) return nullptr;
   int device = 0;
@@ -88,7 +90,14 @@ CudaBackend::PinnedBuffer::~PinnedBuffer() {
   if (data) cudaFreeHost(data);
 }
 
+void CudaBackend::side_begin() { cuda::side_begin(); }
+void CudaBackend::side_end() { cuda::side_end(); }
+void CudaBackend::side_join() { cuda::side_join(); }
+
+// The copies to the host run on the main stream: a tensor the side stream wrote is complete only
+// after a join.
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  cuda::side_join();
   if (bytes < (size_t{1} << 20)) {  // small: the pageable path's fixed cost is lower
     DI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     return;
@@ -110,7 +119,8 @@ Tensor CudaBackend::alloc(TType type, const std::vector<int64_t>& shape) {
 
 Tensor CudaBackend::zeros(TType type, const std::vector<int64_t>& shape) {
   Tensor t = alloc(type, shape);
-  if (t.numel()) DI_CUDA_CHECK(cudaMemset(t.data, 0, static_cast<size_t>(t.numel()) * elem_size(type)));
+  if (t.numel())
+    DI_CUDA_CHECK(cudaMemsetAsync(t.data, 0, static_cast<size_t>(t.numel()) * elem_size(type), cuda::current_stream()));
   return t;
 }
 
@@ -140,6 +150,7 @@ std::span<const float> CudaBackend::to_host_f32_staged(const Tensor& t) {
   const size_t n = static_cast<size_t>(t.numel());
   if (n == 0) return {};
   auto* host = static_cast<float*>(staged_view_.reserve(n * 4));
+  cuda::side_join();
   DI_CUDA_CHECK(cudaMemcpy(host, t.data, n * 4, cudaMemcpyDeviceToHost));
   return {host, n};
 }
@@ -155,10 +166,10 @@ void CudaBackend::copy_rows(Tensor& dst, int64_t d0, const Tensor& src, int64_t 
   DI_CHECK(dst.type == src.type && dst.row_size() == src.row_size());
   DI_CHECK(d0 >= 0 && s0 >= 0 && d0 + n <= dst.rows() && s0 + n <= src.rows());
   size_t rb = static_cast<size_t>(src.row_size()) * elem_size(src.type);
-  // stream-ordered on the legacy stream the kernels use; no host involvement beyond the enqueue
+  // stream-ordered on the stream the kernels use; no host involvement beyond the enqueue
   if (n > 0)
     DI_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + d0 * rb, static_cast<uint8_t*>(src.data) + s0 * rb,
-                                  n * rb, cudaMemcpyDeviceToDevice, 0));
+                                  n * rb, cudaMemcpyDeviceToDevice, cuda::current_stream()));
 }
 
 void CudaBackend::copy_rows_batch(const std::vector<RowCopy>& copies) {
@@ -187,10 +198,12 @@ Tensor CudaBackend::concat_cols(const Tensor& a, const Tensor& b) {
   Tensor out = alloc(a.type, {a.rows(), ca + cb});
   if (a.rows() == 0) return out;
   if (ca)
-    DI_CUDA_CHECK(cudaMemcpy2DAsync(out.i32(), (ca + cb) * 4, a.i32(), ca * 4, ca * 4, a.rows(), cudaMemcpyDeviceToDevice, 0));
+    DI_CUDA_CHECK(cudaMemcpy2DAsync(out.i32(), (ca + cb) * 4, a.i32(), ca * 4, ca * 4, a.rows(), cudaMemcpyDeviceToDevice,
+                                    cuda::current_stream()));
   if (cb)
     DI_CUDA_CHECK(
-        cudaMemcpy2DAsync(out.i32() + ca, (ca + cb) * 4, b.i32(), cb * 4, cb * 4, b.rows(), cudaMemcpyDeviceToDevice, 0));
+        cudaMemcpy2DAsync(out.i32() + ca, (ca + cb) * 4, b.i32(), cb * 4, cb * 4, b.rows(), cudaMemcpyDeviceToDevice,
+                          cuda::current_stream()));
   return out;
 }
 

@@ -18,6 +18,9 @@ class CudaBackend final : public Backend {
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
   bool batch_invariant() const { return batch_invariant_; }
   void set_fast_fp4_gemm(bool on) override { fast_fp4_gemm_ = on; }
+  void side_begin() override;
+  void side_end() override;
+  void side_join() override;
 
   Tensor alloc(TType type, const std::vector<int64_t>& shape) override;
   Tensor zeros(TType type, const std::vector<int64_t>& shape) override;

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/dense_linear.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
+#include "backend/cuda/side_stream.cuh"
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/moe_kernels.cuh"
 
@@ -126,7 +127,10 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const MoeRoute& route, const st
   if (!uniform_fp4_experts(experts, d)) return moe_experts_listed(x, route, experts, shared, swiglu_limit);
 
   // Grouped path: routing lists on the device, one launch per projection for all active experts.
+  // The shared expert needs x alone: it runs on the side stream, beside the routed experts.
   using namespace cuda;
+  const Tensor ys = run_beside(*this, [&] { return run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit); });
+
   const int64_t n = s * k, inter = experts[0].w1.rows;
   DI_CHECK_MSG(n * std::max(d, inter) < (1LL << 31), "moe_experts: too many rows");
   const uint8_t* const* tables = expert_tables(experts);
@@ -162,7 +166,7 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const MoeRoute& route, const st
                       static_cast<int>(d), static_cast<int>(inter), static_cast<int>(n)};
   moe::grouped_fp4_gemm(a2, tables + 2 * n_exp, down, nullptr, nullptr, slots, nt, split_mode);
 
-  Tensor ys = run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit);
+  side_join();  // the shared expert's output
   DI_CHECK(ys.rows() == s && ys.row_size() == d);
   Tensor out = alloc(TType::kF32, {s, d});
   moe::combine(down, lists.order, static_cast<int>(k), ys.f32(), s, d, out.f32());

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/device_memory.cuh"
+#include "backend/cuda/side_stream.cuh"
 
 namespace di::cuda {
 namespace {
@@ -26,6 +27,8 @@ size_t size_class(size_t bytes) {
 struct BlockCache {
   std::mutex mu;
   std::unordered_map<size_t, std::vector<void*>> free;  // size class -> blocks
+  bool defer = false;
+  std::vector<std::pair<size_t, void*>> deferred;  // (size class, block) released while deferring
 };
 
 // Staging for uploads: two halves of pinned memory; a half is refilled only after the copies issued
@@ -92,11 +95,24 @@ void release_block(void* p, size_t bytes, int device) {
   if (!p) return;
   BlockCache& c = per_device<BlockCache>(device);
   std::lock_guard<std::mutex> lock(c.mu);
-  c.free[size_class(bytes)].push_back(p);
+  if (c.defer)
+    c.deferred.emplace_back(size_class(bytes), p);
+  else
+    c.free[size_class(bytes)].push_back(p);
+}
+
+void defer_block_releases(bool on) {
+  BlockCache& c = per_device<BlockCache>(current_device());
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.defer = on;
+  if (on) return;
+  for (const auto& [cls, p] : c.deferred) c.free[cls].push_back(p);
+  c.deferred.clear();
 }
 
 void upload_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
+  DI_CHECK_MSG(stream_lane() == 0, "upload_bytes on the side stream");
   if (bytes > UploadRing::kHalf / 4) {  // large (prefill lists): the driver's own staging
     DI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     return;

@@ -17,11 +17,14 @@ namespace di::cuda {
 // A device block of at least `bytes` (> 0) on the current device, from the cache or the driver;
 // throws di::Error when the device is out of memory (after giving the cached blocks back).
 void* device_block(size_t bytes, int* device);
-// Returns a block of device_block(bytes, &device) to the cache of `device`.
+// Returns a block of device_block(bytes, &device) to the cache of `device`; while releases are
+// deferred (side-stream work pending, side_stream.cuh) it is kept aside until they are not.
 void release_block(void* p, size_t bytes, int device);
+// Turns deferral on, or off (the blocks kept aside go to the cache).
+void defer_block_releases(bool on);
 
-// dst (device) <- src (host, `bytes`), ordered on the default stream; `src` may be reused as soon
-// as this returns.
+// dst (device) <- src (host, `bytes`), ordered on the default (main) stream; `src` may be reused as
+// soon as this returns. Not on the side stream (checked).
 void upload_bytes(void* dst, const void* src, size_t bytes);
 
 }  // namespace di::cuda

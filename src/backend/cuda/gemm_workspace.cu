@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
+#include "backend/cuda/side_stream.cuh"
 
 namespace di::cuda {
 namespace {
@@ -19,9 +20,9 @@ struct Buffer {
 
 void* workspace(Ws slot, size_t bytes) {
   static std::mutex mu;
-  static Buffer buffers[static_cast<int>(Ws::kCount)];
+  static Buffer buffers[2][static_cast<int>(Ws::kCount)];  // [main, side stream][slot]
   std::lock_guard<std::mutex> lock(mu);
-  Buffer& b = buffers[static_cast<int>(slot)];
+  Buffer& b = buffers[stream_lane()][static_cast<int>(slot)];
   if (bytes <= b.bytes && b.p) return b.p;
   // grow by 1.5x at least, so that slowly growing sizes reallocate rarely
   size_t want = bytes < 4096 ? 4096 : bytes;
@@ -31,7 +32,7 @@ void* workspace(Ws slot, size_t bytes) {
   b.bytes = 0;
   if (cudaMalloc(&b.p, want) != cudaSuccess)
     throw Error("GPU out of memory allocating " + std::to_string(want) + " bytes of GEMM workspace");
-  DI_CUDA_CHECK(cudaMemset(b.p, 0, want));  // counters rely on it
+  DI_CUDA_CHECK(cudaMemsetAsync(b.p, 0, want, current_stream()));  // counters rely on it
   b.bytes = want;
   return b.p;
 }

@@ -1,5 +1,5 @@
 // Persistent device buffers of the quantized GEMMs and the grouped MoE path, reused by every call in
-// stream order (all ops run on the default stream), so a steady-state call allocates nothing and can
+// stream order (one set per stream: side_stream.cuh), so a steady-state call allocates nothing and can
 // be captured in a CUDA graph. A buffer only grows; growing frees the old one (cudaFree waits for the
 // device, so no kernel still reads it) and happens on the first calls at a new size only.
 // The split-K counters are zero at allocation and the kernels leave them zero.
@@ -27,7 +27,8 @@ enum class Ws : int {
   kCount
 };
 
-// A device buffer of at least `bytes` for `slot` (contents kept across calls unless it grows).
+// A device buffer of at least `bytes` for `slot` of the current stream (contents kept across calls
+// unless it grows).
 void* workspace(Ws slot, size_t bytes);
 
 template <typename T>

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/side_stream.cuh"
 
 namespace di::cuda {
 
@@ -38,7 +39,7 @@ inline bool pdl_enabled() {
   return on;
 }
 
-// kernel<<<grid, block, smem>>>(args...) on the default stream, with the PDL attribute. Checks the
+// kernel<<<grid, block, smem>>>(args...) on the current stream (side_stream.cuh), with the PDL attribute. Checks the
 // launch (cudaLaunchKernelEx returns its error), so callers need no DI_CUDA_LAUNCH_CHECK after it.
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
@@ -49,7 +50,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
-  cfg.stream = 0;
+  cfg.stream = current_stream();
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));

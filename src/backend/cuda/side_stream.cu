@@ -1,0 +1,74 @@
+// The main / side stream switch of the CUDA backend (side_stream.cuh).
+#include <cstdlib>
+#include <string_view>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/device_memory.cuh"
+#include "backend/cuda/side_stream.cuh"
+
+namespace di::cuda {
+namespace {
+
+// One engine thread issues all device work, so the state is plain (the block cache, which other
+// threads may reach by freeing tensors, locks its own).
+struct Streams {
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork = nullptr, done = nullptr;
+  bool on_side = false;
+  bool pending = false;
+};
+
+Streams& streams() {
+  static Streams* s = new Streams();  // never destroyed: tensors may be freed after static destructors
+  return *s;
+}
+
+bool side_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("DEEPINFER_SIDE_STREAM");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+void create(Streams& s) {
+  if (s.side) return;
+  // non-blocking: the legacy default stream does not wait for it, nor it for the default stream
+  DI_CUDA_CHECK(cudaStreamCreateWithFlags(&s.side, cudaStreamNonBlocking));
+  DI_CUDA_CHECK(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
+  DI_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+}
+
+}  // namespace
+
+cudaStream_t current_stream() { return streams().on_side ? streams().side : nullptr; }
+
+int stream_lane() { return streams().on_side ? 1 : 0; }
+
+bool side_pending() { return streams().pending; }
+
+void side_begin() {
+  Streams& s = streams();
+  DI_CHECK_MSG(!s.on_side, "side_begin inside a side region");
+  if (!side_enabled()) return;
+  create(s);
+  DI_CUDA_CHECK(cudaEventRecord(s.fork, nullptr));
+  DI_CUDA_CHECK(cudaStreamWaitEvent(s.side, s.fork, 0));
+  s.on_side = true;
+  s.pending = true;
+  defer_block_releases(true);
+}
+
+void side_end() { streams().on_side = false; }
+
+void side_join() {
+  Streams& s = streams();
+  DI_CHECK_MSG(!s.on_side, "side_join inside a side region");
+  if (!s.pending) return;
+  DI_CUDA_CHECK(cudaEventRecord(s.done, s.side));
+  DI_CUDA_CHECK(cudaStreamWaitEvent(nullptr, s.done, 0));
+  s.pending = false;
+  defer_block_releases(false);  // every deferred block is now ordered behind the main stream
+}
+
+}  // namespace di::cuda
