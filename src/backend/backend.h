@@ -60,6 +60,10 @@ class Backend {
   virtual void side_begin() {}
   virtual void side_end() {}
   virtual void side_join() {}
+  // A mark of the side work issued so far; side_wait(mark) orders every later op after that work
+  // alone (the side work issued after the mark stays beside them).
+  virtual int side_mark() { return -1; }
+  virtual void side_wait(int mark) { (void)mark; }
 
   // --- memory -----------------------------------------------------------------------------------
   virtual Tensor alloc(TType type, const std::vector<int64_t>& shape) = 0;  // contents undefined
@@ -190,6 +194,14 @@ class Backend {
   // Routed experts (weights applied before w2) + the shared expert -> [S, D] bf16.
   virtual Tensor moe_experts(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                              const ExpertWeights& shared, float swiglu_limit) = 0;
+  // The MoE layer: moe_route, then moe_experts. A backend may start the shared expert before the
+  // routing (the CUDA backend runs it beside the router and the routed experts).
+  virtual Tensor moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
+                     float gate_temp, const std::vector<ExpertWeights>& experts, const ExpertWeights& shared,
+                     float swiglu_limit) {
+    const MoeRoute route = moe_route(x, gate, bias, top_k, route_scale, gate_temp);
+    return moe_experts(x, route, experts, shared, swiglu_limit);
+  }
 
   // --- Engram -----------------------------------------------------------------------------------
   // Gathers and dequantizes table rows: cols [S, n] (global row ids) -> [S, n*row_dim] bf16.

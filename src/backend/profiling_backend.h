@@ -68,6 +68,8 @@ class ProfilingBackend final : public Backend {
   void side_begin() override { inner_.side_begin(); }
   void side_end() override { inner_.side_end(); }
   void side_join() override { inner_.side_join(); }
+  int side_mark() override { return inner_.side_mark(); }
+  void side_wait(int mark) override { inner_.side_wait(mark); }
   Tensor alloc(TType type, const std::vector<int64_t>& shape) override;
   Tensor zeros(TType type, const std::vector<int64_t>& shape) override;
   Tensor from_host_f32(const std::vector<float>& v, const std::vector<int64_t>& shape) override;
@@ -124,6 +126,9 @@ class ProfilingBackend final : public Backend {
                      float gate_temp) override;
   Tensor moe_experts(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                      const ExpertWeights& shared, float swiglu_limit) override;
+  // Plain steps (kOff) take the inner backend's MoE as it runs; counted or timed ones its two ops.
+  Tensor moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale, float gate_temp,
+             const std::vector<ExpertWeights>& experts, const ExpertWeights& shared, float swiglu_limit) override;
 
   Tensor engram_lookup(const Tensor& cols, const Weight& table) override;
   Tensor engram_inject(const Tensor& x, const Tensor& kv, const Weight& q_weight, const Weight& k_weight, int hc,

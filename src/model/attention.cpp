@@ -73,7 +73,7 @@ void Model::write_windows(Backend& be, const Tensor& kv, const Batch& batch, con
   be.pack_rows_to(kv, RowFormat::kFp8Ue8m0, rings, ring_of, slots);
 }
 
-Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
+Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::function<void()>& beside) {
   const LayerSchedule& ls = cfg_.layers[layer];
   const AttentionWeights& a = w_.layers[layer].attn;
   Backend& be = backend_;
@@ -86,12 +86,36 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
   AttnRows r;
   r.x = x;
   r.xq = batch.query_rows(be, x);
+
+  // The attention's keys: [the rings of the parts past their first chunk ; every current row], then
+  // (kv_more) the KV source's compressed rows in the page pool. The window keys need neither the
+  // queries nor the compressed branch: they are side work (Backend::side_begin), and so is the
+  // caller's `beside`, while the queries run on the main chain.
+  const WindowLists& wl = window_lists_of(batch);
+  std::vector<Tensor> rings;  // every part's ring of this layer
+  for (const BatchPart& p : batch.parts) rings.push_back(p.state->layers[layer].window);
+  Tensor keys;  // [ring rows + rows, Dh]
+  run_beside(be, [&] {
+    r.kv = be.rmsnorm(be.linear(x, a.wkv), a.kv_norm, eps);  // [rows, Dh]
+    be.rope(r.kv, 1, dh, rd, batch.positions, rope_[layer], false);
+    be.qdq(r.kv, RowFormat::kFp8Ue8m0);
+    keys = r.kv;
+    if (batch.ring_rows > 0) {  // the rings are read (one launch) before this step writes them
+      keys = be.alloc(TType::kF32, {batch.ring_rows + batch.rows, dh});
+      std::vector<Tensor> read;  // in ring_base order
+      for (size_t pi = 0; pi < batch.parts.size(); ++pi)
+        if (batch.ring_base[pi] >= 0) read.push_back(rings[pi]);
+      be.unpack_caches(read, RowFormat::kFp8Ue8m0, keys, 0);
+      be.copy_rows(keys, batch.ring_rows, r.kv, 0, batch.rows);
+    }
+    write_windows(be, r.kv, batch, rings, win);
+  });
+  const int keys_ready = be.side_mark();
+  if (beside) run_beside(be, beside);
+
   r.qr = be.rmsnorm(be.linear(r.xq, a.wq_a), a.q_norm, eps);  // [q rows, q_lora]
   r.q = be.linear(r.qr, a.wq_b);                               // [q rows, H*Dh]
   be.rope(r.q, heads, dh, rd, batch.q_positions, rope_[layer], false);
-  r.kv = be.rmsnorm(be.linear(x, a.wkv), a.kv_norm, eps);  // [rows, Dh]
-  be.rope(r.kv, 1, dh, rd, batch.positions, rope_[layer], false);
-  be.qdq(r.kv, RowFormat::kFp8Ue8m0);
   if (ls.mode == AttnMode::kFull) {
     if (ls.ratio == 1) {
       r.comp_kv = be.rmsnorm(be.linear(x, a.comp_wkv), a.comp_norm, eps);
@@ -108,23 +132,8 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
     be.scale_bf16(r.wts, static_cast<float>(std::pow(ihd, -0.5) * std::pow(cfg_.index_n_heads, -0.5)));
   }
 
-  // One sparse attention over every query row of the batch. Keys: [the rings of the parts past
-  // their first chunk ; every current row], then (kv_more) the KV source's compressed rows in the
-  // page pool, packed, where the top-k lists point (each part's row ids mapped through its pages).
-  const WindowLists& wl = window_lists_of(batch);
-  std::vector<Tensor> rings;  // every part's ring of this layer
-  for (const BatchPart& p : batch.parts) rings.push_back(p.state->layers[layer].window);
-  Tensor keys = r.kv;  // [ring rows + rows, Dh]
-  if (batch.ring_rows > 0) {  // the rings are read (one launch) before this step writes them
-    keys = be.alloc(TType::kF32, {batch.ring_rows + batch.rows, dh});
-    std::vector<Tensor> read;  // in ring_base order
-    for (size_t pi = 0; pi < batch.parts.size(); ++pi)
-      if (batch.ring_base[pi] >= 0) read.push_back(rings[pi]);
-    be.unpack_caches(read, RowFormat::kFp8Ue8m0, keys, 0);
-    be.copy_rows(keys, batch.ring_rows, r.kv, 0, batch.rows);
-  }
-  write_windows(be, r.kv, batch, rings, win);
-
+  // One sparse attention over every query row of the batch, where the top-k lists point (each
+  // part's row ids mapped through its pages) in the packed compressed rows.
   Tensor kv_more;
   std::vector<Tensor> lists(batch.parts.size());  // per part: [q rows, k] compressed row ids
   int64_t list_width = 0;
@@ -156,6 +165,7 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch) {
     be.map_paged_rows(ids, table_start, table, per_page, base);
   };
   Tensor idx = attention_lists(wl, lists, list_width, batch, to_pool_rows);  // [q rows, window ++ top-k]
+  be.side_wait(keys_ready);
   Tensor o = be.sparse_attention(r.q, heads, keys, idx, a.attn_sink, 1.0f / std::sqrt(static_cast<float>(dh)), kv_more,
                                  RowFormat::kFp4E4m3);
   return attention_output(layer, o, batch.q_positions);

@@ -73,9 +73,8 @@ Tensor Model::moe(int layer, const Tensor& x) {
   const LayerSchedule& ls = cfg_.layers[layer];
   const LayerWeights& lw = w_.layers[layer];
   int top_k = ls.is_dspark ? cfg_.dspark_n_activated_experts : cfg_.n_activated_experts;
-  MoeRoute route = backend_.moe_route(x, lw.gate, lw.gate_bias, top_k, static_cast<float>(cfg_.route_scale),
-                                      static_cast<float>(cfg_.gate_temp));
-  return backend_.moe_experts(x, route, lw.experts, lw.shared, static_cast<float>(cfg_.swiglu_limit));
+  return backend_.moe(x, lw.gate, lw.gate_bias, top_k, static_cast<float>(cfg_.route_scale),
+                      static_cast<float>(cfg_.gate_temp), lw.experts, lw.shared, static_cast<float>(cfg_.swiglu_limit));
 }
 
 Tensor Model::engram(int layer, const Tensor& h, const Tensor& cols) {
@@ -94,14 +93,20 @@ Tensor Model::block(int layer, const Tensor& h_in, Tensor& pre_mix, Batch& batch
   Tensor x = backend_.rmsnorm(backend_.hc_pre(h_in, pre_mix, hc), lw.attn_norm, eps);
   batch.set_query_rows(layer == batch.split_layer, cfg_.window);
   Tensor h = batch.query_rows(backend_, h_in);
-  // the mixes the FFN site uses: nothing reads them before hc_post, so they are computed beside the
-  // attention (a backend may run side work concurrently; Backend::side_begin)
-  Tensor a_mix = run_beside(backend_, [&] {
-    return backend_.hc_mixes(h, hc, lw.hc_attn_fn, lw.hc_attn_scale, lw.hc_attn_base, eps, cfg_.hc_sinkhorn_iters,
-                             hc_eps);
-  });
-  Tensor y = cfg_.layers[layer].is_dspark ? dspark_attention(layer, x, batch.positions, *batch.parts[0].state)
-                                          : attention(layer, x, batch);
+  // the mixes the FFN site uses: nothing reads them before hc_post, so they are side work beside the
+  // attention (a backend may run it concurrently; Backend::side_begin)
+  Tensor a_mix;
+  auto ffn_site_mixes = [&] {
+    a_mix = backend_.hc_mixes(h, hc, lw.hc_attn_fn, lw.hc_attn_scale, lw.hc_attn_base, eps, cfg_.hc_sinkhorn_iters,
+                              hc_eps);
+  };
+  Tensor y;
+  if (cfg_.layers[layer].is_dspark) {
+    run_beside(backend_, ffn_site_mixes);
+    y = dspark_attention(layer, x, batch.positions, *batch.parts[0].state);
+  } else {
+    y = attention(layer, x, batch, ffn_site_mixes);
+  }
   if (batch.query_rows_differ()) batch.adopt_query_rows();
   if (hooks && hooks->after_attention) hooks->after_attention(layer, y);
   backend_.side_join();

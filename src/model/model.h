@@ -144,7 +144,8 @@ class Model {
   struct Batch;           // the row layout of one forward: which rows belong to which sequence
   struct AttnRows;        // one layer's batched projections, sliced per sequence
   Tensor block(int layer, const Tensor& h, Tensor& pre_mix, Batch& batch, const ForwardHooks* hooks);
-  Tensor attention(int layer, const Tensor& x, Batch& batch);
+  // `beside`: side work to issue once the keys are (the caller's work that may run beside the rest).
+  Tensor attention(int layer, const Tensor& x, Batch& batch, const std::function<void()>& beside = {});
   Tensor dspark_attention(int layer, const Tensor& x, const std::vector<int64_t>& positions, SequenceState& state);
   // Every part's last min(rows, window) current rows of kv into its window ring, one launch.
   static void write_windows(Backend& be, const Tensor& kv, const Batch& batch, const std::vector<Tensor>& rings,

@@ -93,6 +93,8 @@ CudaBackend::PinnedBuffer::~PinnedBuffer() {
 void CudaBackend::side_begin() { cuda::side_begin(); }
 void CudaBackend::side_end() { cuda::side_end(); }
 void CudaBackend::side_join() { cuda::side_join(); }
+int CudaBackend::side_mark() { return cuda::side_mark(); }
+void CudaBackend::side_wait(int mark) { cuda::side_wait(mark); }
 
 // The copies to the host run on the main stream: a tensor the side stream wrote is complete only
 // after a join.

@@ -21,6 +21,8 @@ class CudaBackend final : public Backend {
   void side_begin() override;
   void side_end() override;
   void side_join() override;
+  int side_mark() override;
+  void side_wait(int mark) override;
 
   Tensor alloc(TType type, const std::vector<int64_t>& shape) override;
   Tensor zeros(TType type, const std::vector<int64_t>& shape) override;
@@ -78,6 +80,8 @@ class CudaBackend final : public Backend {
                      float gate_temp) override;
   Tensor moe_experts(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                      const ExpertWeights& shared, float swiglu_limit) override;
+  Tensor moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale, float gate_temp,
+             const std::vector<ExpertWeights>& experts, const ExpertWeights& shared, float swiglu_limit) override;
 
   Tensor engram_lookup(const Tensor& cols, const Weight& table) override;
   Tensor engram_inject(const Tensor& x, const Tensor& kv, const Weight& q_weight, const Weight& k_weight, int hc,
@@ -87,6 +91,9 @@ class CudaBackend final : public Backend {
   int64_t weight_bytes() const { return weight_bytes_; }
 
  private:
+  // The grouped routed experts plus `shared_y`, the shared expert's output (side work until joined).
+  Tensor moe_experts_grouped(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
+                             const Tensor& shared_y, float swiglu_limit);
   Tensor moe_experts_listed(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                             const ExpertWeights& shared, float swiglu_limit);
   // Pinned host memory, grown on demand (the DMA engine writes pinned memory directly; a pageable

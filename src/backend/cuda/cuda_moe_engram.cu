@@ -125,11 +125,31 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const MoeRoute& route, const st
   DI_CHECK(route.experts.rows() == s && route.weights.rows() == s && route.weights.row_size() == k);
   if (s == 0) return alloc(TType::kF32, {0, d});
   if (!uniform_fp4_experts(experts, d)) return moe_experts_listed(x, route, experts, shared, swiglu_limit);
+  // the shared expert needs x alone: side work beside the routed experts
+  const Tensor ys = run_beside(*this, [&] { return run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit); });
+  return moe_experts_grouped(x, route, experts, ys, swiglu_limit);
+}
+
+Tensor CudaBackend::moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
+                        float gate_temp, const std::vector<ExpertWeights>& experts, const ExpertWeights& shared,
+                        float swiglu_limit) {
+  if (x.rows() == 0 || !uniform_fp4_experts(experts, x.row_size()))
+    return Backend::moe(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit);
+  // the shared expert needs x alone: side work beside the router and the routed experts
+  const Tensor ys = run_beside(*this, [&] { return run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit); });
+  const MoeRoute route = moe_route(x, gate, bias, top_k, route_scale, gate_temp);
+  return moe_experts_grouped(x, route, experts, ys, swiglu_limit);
+}
+
+Tensor CudaBackend::moe_experts_grouped(const Tensor& x, const MoeRoute& route,
+                                        const std::vector<ExpertWeights>& experts, const Tensor& ys,
+                                        float swiglu_limit) {
+  const int64_t s = x.rows(), d = x.row_size(), k = route.experts.row_size();
+  const int64_t n_exp = static_cast<int64_t>(experts.size());
+  DI_CHECK(route.experts.rows() == s && route.weights.rows() == s && route.weights.row_size() == k);
 
   // Grouped path: routing lists on the device, one launch per projection for all active experts.
-  // The shared expert needs x alone: it runs on the side stream, beside the routed experts.
   using namespace cuda;
-  const Tensor ys = run_beside(*this, [&] { return run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit); });
 
   const int64_t n = s * k, inter = experts[0].w1.rows;
   DI_CHECK_MSG(n * std::max(d, inter) < (1LL << 31), "moe_experts: too many rows");

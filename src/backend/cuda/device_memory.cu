@@ -112,12 +112,19 @@ void defer_block_releases(bool on) {
 
 void upload_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  DI_CHECK_MSG(stream_lane() == 0, "upload_bytes on the side stream");
+  const int lane = stream_lane();
+  const cudaStream_t stream = current_stream();
   if (bytes > UploadRing::kHalf / 4) {  // large (prefill lists): the driver's own staging
-    DI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    if (lane == 0) {
+      DI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    } else {  // cudaMemcpy orders the copy on the legacy stream only
+      DI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+      DI_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
     return;
   }
-  UploadRing& r = per_device<UploadRing>(current_device());
+  // one ring per stream: a half's event then covers every copy issued from it
+  UploadRing& r = per_device<std::array<UploadRing, 2>>(current_device())[static_cast<size_t>(lane)];
   std::lock_guard<std::mutex> lock(r.mu);
   if (!r.host) {
     DI_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&r.host), 2 * UploadRing::kHalf, cudaHostAllocPortable));
@@ -125,7 +132,7 @@ void upload_bytes(void* dst, const void* src, size_t bytes) {
   }
   size_t at = (r.used + 15) & ~size_t{15};
   if (at + bytes > UploadRing::kHalf) {
-    DI_CUDA_CHECK(cudaEventRecord(r.left[r.half], 0));
+    DI_CUDA_CHECK(cudaEventRecord(r.left[r.half], stream));
     r.pending[r.half] = true;
     r.half ^= 1;
     if (r.pending[r.half]) DI_CUDA_CHECK(cudaEventSynchronize(r.left[r.half]));  // its copies have run
@@ -133,7 +140,7 @@ void upload_bytes(void* dst, const void* src, size_t bytes) {
   }
   uint8_t* slot = r.host + static_cast<size_t>(r.half) * UploadRing::kHalf + at;
   std::memcpy(slot, src, bytes);
-  DI_CUDA_CHECK(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, 0));
+  DI_CUDA_CHECK(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, stream));
   r.used = at + bytes;
 }
 

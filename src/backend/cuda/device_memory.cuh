@@ -23,8 +23,8 @@ void release_block(void* p, size_t bytes, int device);
 // Turns deferral on, or off (the blocks kept aside go to the cache).
 void defer_block_releases(bool on);
 
-// dst (device) <- src (host, `bytes`), ordered on the default (main) stream; `src` may be reused as
-// soon as this returns. Not on the side stream (checked).
+// dst (device) <- src (host, `bytes`), ordered on the current stream (side_stream.cuh); `src` may be
+// reused as soon as this returns.
 void upload_bytes(void* dst, const void* src, size_t bytes);
 
 }  // namespace di::cuda

@@ -12,8 +12,11 @@ namespace {
 // One engine thread issues all device work, so the state is plain (the block cache, which other
 // threads may reach by freeing tensors, locks its own).
 struct Streams {
+  static constexpr int kMarks = 16;  // marks in use at once (a layer takes one or two)
   cudaStream_t side = nullptr;
   cudaEvent_t fork = nullptr, done = nullptr;
+  cudaEvent_t marks[kMarks]{};
+  int next_mark = 0;  // marks issued (mark m uses marks[m % kMarks])
   bool on_side = false;
   bool pending = false;
 };
@@ -37,6 +40,7 @@ void create(Streams& s) {
   DI_CUDA_CHECK(cudaStreamCreateWithFlags(&s.side, cudaStreamNonBlocking));
   DI_CUDA_CHECK(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
   DI_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  for (cudaEvent_t& e : s.marks) DI_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
 }  // namespace
@@ -69,6 +73,23 @@ void side_join() {
   DI_CUDA_CHECK(cudaStreamWaitEvent(nullptr, s.done, 0));
   s.pending = false;
   defer_block_releases(false);  // every deferred block is now ordered behind the main stream
+}
+
+int side_mark() {
+  Streams& s = streams();
+  DI_CHECK_MSG(!s.on_side, "side_mark inside a side region");
+  if (!s.pending) return -1;  // nothing to wait for
+  const int m = s.next_mark++;
+  DI_CUDA_CHECK(cudaEventRecord(s.marks[m % Streams::kMarks], s.side));
+  return m;
+}
+
+void side_wait(int mark) {
+  Streams& s = streams();
+  DI_CHECK_MSG(!s.on_side, "side_wait inside a side region");
+  if (mark < 0 || !s.pending) return;  // nothing marked, or joined since
+  DI_CHECK_MSG(mark < s.next_mark && s.next_mark - mark <= Streams::kMarks, "side_wait: stale mark");
+  DI_CUDA_CHECK(cudaStreamWaitEvent(nullptr, s.marks[mark % Streams::kMarks], 0));
 }
 
 }  // namespace di::cuda

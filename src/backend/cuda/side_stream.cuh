@@ -11,7 +11,7 @@
 //    (device_memory.cu defers them): a side op's inputs, outputs and scratch cannot be handed to a
 //    main op that would run beside it, nor a block a queued main op still reads to a side op.
 //  - The persistent GEMM / MoE workspaces exist once per stream (gemm_workspace.cuh).
-//  - Uploads from the host and synchronous copies happen on the main stream only; a copy to the
+//  - Uploads from the host go through a staging ring per stream (device_memory.cu); a copy to the
 //    host joins first.
 // DEEPINFER_SIDE_STREAM=0 runs everything on the main stream (for measuring what the side stream
 // gains, and for checking that it changes no bit).
@@ -28,5 +28,7 @@ bool side_pending();            // side work issued and not yet joined
 void side_begin();  // later work goes to the side stream, ordered after everything issued so far
 void side_end();    // later work goes to the main stream again (not ordered after the side work)
 void side_join();   // the main stream waits for the side work issued so far (no-op if none)
+int side_mark();    // a mark of the side work issued so far (on the main stream)
+void side_wait(int mark);  // the main stream waits for the side work before `mark` (frees stay deferred)
 
 }  // namespace di::cuda
