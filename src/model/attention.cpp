@@ -88,9 +88,9 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   r.xq = batch.query_rows(be, x);
 
   // The attention's keys: [the rings of the parts past their first chunk ; every current row], then
-  // (kv_more) the KV source's compressed rows in the page pool. The window keys need neither the
-  // queries nor the compressed branch: they are side work (Backend::side_begin), and so is the
-  // caller's `beside`, while the queries run on the main chain.
+  // (kv_more) the KV source's compressed rows in the page pool. The window keys, and a Full layer's
+  // compressor inputs, need neither the queries nor the indexer: they are side work
+  // (Backend::side_begin), and so is the caller's `beside`, while the queries run on the main chain.
   const WindowLists& wl = window_lists_of(batch);
   std::vector<Tensor> rings;  // every part's ring of this layer
   for (const BatchPart& p : batch.parts) rings.push_back(p.state->layers[layer].window);
@@ -109,6 +109,14 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
       be.copy_rows(keys, batch.ring_rows, r.kv, 0, batch.rows);
     }
     write_windows(be, r.kv, batch, rings, win);
+    if (ls.mode == AttnMode::kFull) {
+      if (ls.ratio == 1) {
+        r.comp_kv = be.rmsnorm(be.linear(x, a.comp_wkv), a.comp_norm, eps);
+      } else {
+        r.comp_kv = be.linear(x, a.comp_wkv);  // fp32
+        r.comp_score = be.linear(x, a.comp_wgate);
+      }
+    }
   });
   const int keys_ready = be.side_mark();
   if (beside) run_beside(be, beside);
@@ -116,14 +124,6 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   r.qr = be.rmsnorm(be.linear(r.xq, a.wq_a), a.q_norm, eps);  // [q rows, q_lora]
   r.q = be.linear(r.qr, a.wq_b);                               // [q rows, H*Dh]
   be.rope(r.q, heads, dh, rd, batch.q_positions, rope_[layer], false);
-  if (ls.mode == AttnMode::kFull) {
-    if (ls.ratio == 1) {
-      r.comp_kv = be.rmsnorm(be.linear(x, a.comp_wkv), a.comp_norm, eps);
-    } else {
-      r.comp_kv = be.linear(x, a.comp_wkv);  // fp32
-      r.comp_score = be.linear(x, a.comp_wgate);
-    }
-  }
   if (ls.mode == AttnMode::kFull || ls.mode == AttnMode::kReindex) {
     r.qi = be.linear(r.qr, a.idx_wq_b);  // [q rows, nIH * ihd]
     be.rope(r.qi, cfg_.index_n_heads, ihd, rd, batch.q_positions, rope_[layer], false);
@@ -138,8 +138,10 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   std::vector<Tensor> lists(batch.parts.size());  // per part: [q rows, k] compressed row ids
   int64_t list_width = 0;
   if (ls.ratio > 0) {
-    if (ls.mode == AttnMode::kFull)
+    if (ls.mode == AttnMode::kFull) {
+      be.side_wait(keys_ready);  // the compressor inputs
       compress(layer, r, batch);
+    }
     kv_more = kv_pool_->comp(ls.kv_source);
     if (batched_indexer()) {
       lists = {compressed_branch_batch(layer, r, batch)};
