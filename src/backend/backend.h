@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/tensor.h"
@@ -140,6 +141,14 @@ class Backend {
   virtual Tensor hc_post(const Tensor& y, const Tensor& residual, const Tensor& mix, int hc) = 0;
   // mean over the hc streams -> [S, D] bf16 (DSpark feature tap).
   virtual Tensor stream_mean(const Tensor& x, int hc) = 0;
+  // hc_post(y, residual, post_mix, hc), then the next site's input rmsnorm(hc_pre(that, pre_mix, hc),
+  // norm, eps): {the streams [S, hc*D], the normed input [S, D]}. The CUDA backend fuses the three.
+  virtual std::pair<Tensor, Tensor> hc_post_pre_norm(const Tensor& y, const Tensor& residual, const Tensor& post_mix,
+                                                     const Tensor& pre_mix, int hc, const Weight& norm, float eps) {
+    Tensor h = hc_post(y, residual, post_mix, hc);
+    Tensor x = rmsnorm(hc_pre(h, pre_mix, hc), norm, eps);
+    return {h, x};
+  }
 
   // --- attention --------------------------------------------------------------------------------
   // Single latent head (K = V). q [S, H*Dh], kv [N, Dh], idx [S, L] (-1 = skip), sink [H] f32.

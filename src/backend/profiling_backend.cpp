@@ -271,6 +271,14 @@ Tensor ProfilingBackend::hc_post(const Tensor& y, const Tensor& residual, const 
   return track(timed("hc_post", bytes, flops, false, [&] { return inner_.hc_post(y, residual, mix, hc); }));
 }
 
+std::pair<Tensor, Tensor> ProfilingBackend::hc_post_pre_norm(const Tensor& y, const Tensor& residual,
+                                                             const Tensor& post_mix, const Tensor& pre_mix, int hc,
+                                                             const Weight& norm, float eps) {
+  if (mode_ != Mode::kOff) return Backend::hc_post_pre_norm(y, residual, post_mix, pre_mix, hc, norm, eps);
+  auto [h, x] = inner_.hc_post_pre_norm(y, residual, post_mix, pre_mix, hc, norm, eps);
+  return {track(std::move(h)), track(std::move(x))};
+}
+
 Tensor ProfilingBackend::stream_mean(const Tensor& x, int hc) {
   return track(timed("stream_mean", tensor_bytes(x) * (1.0 + 1.0 / hc), 0, false,
                      [&] { return inner_.stream_mean(x, hc); }));

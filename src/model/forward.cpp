@@ -126,6 +126,7 @@ std::vector<ForwardResult> Model::forward_batch(std::vector<BatchEntry>& entries
     std::vector<RowSpan> spans;  // the parts' rows then
   };
   std::vector<Tap> taps;
+  Tensor carried_x;  // the block's attention input, computed by the block before it (empty: not)
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const LayerSchedule& ls = cfg_.layers[l];
     if (hooks && hooks->before_layer) hooks->before_layer(l, h, pre);
@@ -138,7 +139,13 @@ std::vector<ForwardResult> Model::forward_batch(std::vector<BatchEntry>& entries
       for (const BatchPart& p : batch.parts) t.spans.push_back(p.cur);
       taps.push_back(std::move(t));
     }
-    h = block(l, h, pre, batch, hooks);
+    // the next block's input is computed with this block's output unless something may change the
+    // streams in between (its Engram, a hook)
+    const bool carry = l + 1 < cfg_.n_layers && cfg_.layers[l + 1].engram_slot < 0 && !(hooks && hooks->before_layer);
+    Tensor next_x;
+    h = block(l, h, pre, batch, hooks, carried_x.empty() ? nullptr : &carried_x,
+              carry ? &w_.layers[l + 1].attn_norm : nullptr, &next_x);
+    carried_x = next_x;
     if (hooks && hooks->after_block) hooks->after_block(l, h, pre);
   }
 

@@ -84,13 +84,14 @@ Tensor Model::engram(int layer, const Tensor& h, const Tensor& cols) {
   return backend_.engram_inject(h, kv, lw.engram_q, lw.engram_k, cfg_.hc_mult, static_cast<float>(cfg_.norm_eps));
 }
 
-Tensor Model::block(int layer, const Tensor& h_in, Tensor& pre_mix, Batch& batch, const ForwardHooks* hooks) {
+Tensor Model::block(int layer, const Tensor& h_in, Tensor& pre_mix, Batch& batch, const ForwardHooks* hooks,
+                    const Tensor* x_in, const Weight* next_norm, Tensor* next_x) {
   const LayerWeights& lw = w_.layers[layer];
   const int hc = cfg_.hc_mult;
   const float eps = static_cast<float>(cfg_.norm_eps), hc_eps = static_cast<float>(cfg_.hc_eps);
   // attention site: collapses with the previous site's pre; its input feeds the keys of every
   // current row, its queries (and everything after) only the query rows
-  Tensor x = backend_.rmsnorm(backend_.hc_pre(h_in, pre_mix, hc), lw.attn_norm, eps);
+  Tensor x = x_in ? *x_in : backend_.rmsnorm(backend_.hc_pre(h_in, pre_mix, hc), lw.attn_norm, eps);
   batch.set_query_rows(layer == batch.split_layer, cfg_.window);
   Tensor h = batch.query_rows(backend_, h_in);
   // the mixes the FFN site uses: nothing reads them before hc_post, so they are side work beside the
@@ -110,18 +111,21 @@ Tensor Model::block(int layer, const Tensor& h_in, Tensor& pre_mix, Batch& batch
   if (batch.query_rows_differ()) batch.adopt_query_rows();
   if (hooks && hooks->after_attention) hooks->after_attention(layer, y);
   backend_.side_join();
-  Tensor h1 = backend_.hc_post(y, h, a_mix, hc);
-  // FFN site; its mixes (the next site's pre) beside the MoE
+  // FFN site: the new streams and the MoE input (hc_post, hc_pre, rmsnorm); the site's mixes (the
+  // next site's pre) beside the MoE
+  auto [h1, x_ffn] = backend_.hc_post_pre_norm(y, h, a_mix, a_mix, hc, lw.ffn_norm, eps);
   Tensor f_mix = run_beside(backend_, [&] {
     return backend_.hc_mixes(h1, hc, lw.hc_ffn_fn, lw.hc_ffn_scale, lw.hc_ffn_base, eps, cfg_.hc_sinkhorn_iters,
                              hc_eps);
   });
-  x = backend_.rmsnorm(backend_.hc_pre(h1, a_mix, hc), lw.ffn_norm, eps);
-  y = moe(layer, x);
+  y = moe(layer, x_ffn);
   if (hooks && hooks->after_ffn) hooks->after_ffn(layer, y);
   backend_.side_join();
   pre_mix = f_mix;
-  return backend_.hc_post(y, h1, f_mix, hc);
+  if (!next_norm) return backend_.hc_post(y, h1, f_mix, hc);
+  auto [h_out, x_next] = backend_.hc_post_pre_norm(y, h1, f_mix, f_mix, hc, *next_norm, eps);
+  *next_x = x_next;
+  return h_out;
 }
 
 void Model::dspark_seed(SequenceState& state, const Tensor& features, int64_t first_position) {

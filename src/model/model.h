@@ -143,7 +143,11 @@ class Model {
   struct ForwardScratch;  // per-forward, per-sequence shared attention state (top-k lists, candidates)
   struct Batch;           // the row layout of one forward: which rows belong to which sequence
   struct AttnRows;        // one layer's batched projections, sliced per sequence
-  Tensor block(int layer, const Tensor& h, Tensor& pre_mix, Batch& batch, const ForwardHooks* hooks);
+  // x_in: the block's attention input when the block before computed it (else it is computed here);
+  // next_norm: the next block's attention norm, whose input this block then writes to *next_x (the
+  // fused Backend::hc_post_pre_norm, valid when nothing changes the streams in between).
+  Tensor block(int layer, const Tensor& h, Tensor& pre_mix, Batch& batch, const ForwardHooks* hooks,
+               const Tensor* x_in = nullptr, const Weight* next_norm = nullptr, Tensor* next_x = nullptr);
   // `beside`: side work to issue once the keys are (the caller's work that may run beside the rest).
   Tensor attention(int layer, const Tensor& x, Batch& batch, const std::function<void()>& beside = {});
   Tensor dspark_attention(int layer, const Tensor& x, const std::vector<int64_t>& positions, SequenceState& state);

@@ -83,6 +83,10 @@ class EpBackend final : public Backend {
     return inner_.hc_post(y, r, mix, hc);
   }
   Tensor stream_mean(const Tensor& x, int hc) override { return inner_.stream_mean(x, hc); }
+  std::pair<Tensor, Tensor> hc_post_pre_norm(const Tensor& y, const Tensor& residual, const Tensor& post_mix,
+                                             const Tensor& pre_mix, int hc, const Weight& norm, float eps) override {
+    return inner_.hc_post_pre_norm(y, residual, post_mix, pre_mix, hc, norm, eps);
+  }
   Tensor sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx, const Weight& sink,
                           float scale, const Tensor& kv_more, RowFormat more_format) override {
     return inner_.sparse_attention(q, heads, kv, idx, sink, scale, kv_more, more_format);

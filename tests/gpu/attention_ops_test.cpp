@@ -3,6 +3,7 @@
 //  - hc_mixes: max |diff| <= 1e-6 (fp64 dot sums in another order: K chunks, then chunk order; the
 //    mean square and everything else in the CPU's fp32 order, exp rounded once from double).
 //  - hc_pre, hc_post, stream_mean: bit-exact (the same fp32 operations in the same order).
+//  - hc_post_pre_norm (the fused hc_post + hc_pre + rmsnorm): bit-exact against the CPU's three ops.
 //  - sparse_attention: relative L2 <= 1e-3 over the output (q and kv hold bf16 values, as the model's;
 //    dot and probability sums in another order -- bf16 tensor cores when heads and dh are multiples
 //    of 16, the list split over CTAs; exp differs by ulps, which can flip a bf16-rounded probability,
@@ -154,6 +155,37 @@ TEST_F(AttentionOps, HcPrePostStreamMean) {
     std::vector<float> sg = gpu->to_host_f32(gpu->stream_mean(x.gpu, hc));
     ASSERT_EQ(sg.size(), static_cast<size_t>(rows * d));
     EXPECT_EQ(bit_mismatches(sg, sc, &first), 0) << "stream_mean " << at_str(sg, sc, first);
+  }
+}
+
+// The fused op against the CPU's hc_post, hc_pre, rmsnorm, with different post and pre mixes; widths
+// past one load batch (4 x 256) and past 24 x 256, tails, one row and many, every norm weight type.
+TEST_F(AttentionOps, HcPostPreNormFusedExact) {
+  Rng& r = rng();
+  for (auto [hc, d, rows, dt] : std::vector<std::tuple<int, int64_t, int64_t, DType>>{
+           {4, 5120, 1, DType::kBF16}, {4, 5120, 64, DType::kBF16}, {4, 257, 3, DType::kF32}, {2, 33, 5, DType::kBF16},
+           {8, 1000, 2, DType::kBF16}, {4, 6200, 2, DType::kF32}, {1, 96, 300, DType::kBF16}, {4, 1030, 7, DType::kBF16}}) {
+    SCOPED_TRACE("hc=" + std::to_string(hc) + " D=" + std::to_string(d) + " rows=" + std::to_string(rows) + " " +
+                 dtype_name(dt) + " " + seed_note());
+    const int mw = (2 + hc) * hc;
+    gputest::TensorPair res = gputest::random_tensor_pair(r, *cpu, *gpu, {rows, hc * d});
+    gputest::TensorPair y = gputest::random_tensor_pair(r, *cpu, *gpu, {rows, d});
+    const std::vector<float> post_v = uniform_values(r, rows * mw, -0.2f, 1.3f);
+    const std::vector<float> pre_v = uniform_values(r, rows * mw, 0.0f, 1.0f);
+    Tensor post_c = cpu->from_host_f32(post_v, {rows, mw}), post_g = gpu->from_host_f32(post_v, {rows, mw});
+    Tensor pre_c = cpu->from_host_f32(pre_v, {rows, mw}), pre_g = gpu->from_host_f32(pre_v, {rows, mw});
+    OwnedWeight w = dt == DType::kBF16 ? gputest::random_bf16_weight(r, 1, d, *gpu, 0.3f, WeightMode::kBf16, 1.0f)
+                                       : gputest::random_f32_weight(r, 1, d, *gpu, 0.3f, 1.0f);
+    Tensor hc_c = cpu->hc_post(y.cpu, res.cpu, post_c, hc);
+    Tensor x_c = cpu->rmsnorm(cpu->hc_pre(hc_c, pre_c, hc), w.w, 1e-6f);
+    auto [hc_g, x_g] = gpu->hc_post_pre_norm(y.gpu, res.gpu, post_g, pre_g, hc, w.w, 1e-6f);
+    const std::vector<float> hg = gpu->to_host_f32(hc_g), hcpu = cpu->to_host_f32(hc_c);
+    const std::vector<float> xg = gpu->to_host_f32(x_g), xcpu = cpu->to_host_f32(x_c);
+    ASSERT_EQ(hg.size(), static_cast<size_t>(rows * hc * d));
+    ASSERT_EQ(xg.size(), static_cast<size_t>(rows * d));
+    int64_t first = 0;
+    EXPECT_EQ(bit_mismatches(hg, hcpu, &first), 0) << "streams " << at_str(hg, hcpu, first);
+    EXPECT_EQ(bit_mismatches(xg, xcpu, &first), 0) << "normed input " << at_str(xg, xcpu, first);
   }
 }
 

@@ -6,6 +6,8 @@
 #include "backend/cuda/batch_invariance.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_quant.cuh"
+#include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/pdl_launch.cuh"
 
 namespace di {
@@ -286,6 +288,83 @@ __global__ void hc_post_kernel(const float* __restrict__ y, const float* __restr
   }
 }
 
+// hc_post, then the next site's collapse and RMSNorm (hc_post_kernel, hc_pre_kernel and rmsnorm_kernel
+// in one launch, the same fp32 operations in the same order), grid (D / 256 position blocks, rows):
+//   out[r, k, i] = bf16(post[k] y[r, i] + sum_j comb[j, k] res[r, j, i])
+//   x[i] = bf16(sum_k pre[k] out[r, k, i]),  xn[r, i] = bf16(w[i] (x[i] inv)),  inv from x's mean square.
+// Each CTA writes its positions' out and x (x into xn); the row's last CTA to finish (counter) sums
+// x^2 in cpu::sum_squares's order (thread t: chain t) and normalises the row in place. At batch 1 the
+// three kernels were ~11 us of launches and latency per site; one CTA per row doing all of it was
+// slower still (a 200 KB row through one SM).
+constexpr int kPpnThreads = 256;
+
+template <WType T>
+__global__ void __launch_bounds__(kPpnThreads)
+    hc_post_pre_norm_kernel(const float* __restrict__ y, const float* __restrict__ res,
+                            const float* __restrict__ post_mix, int64_t post_mw, const float* __restrict__ pre_mix,
+                            int64_t pre_mw, int hc, int64_t d, const uint8_t* __restrict__ w, float eps,
+                            unsigned* __restrict__ counters, float* __restrict__ out, float* __restrict__ xn) {
+  ::di::cuda::grid_dependency_wait();
+  const int64_t r = blockIdx.y, i = static_cast<int64_t>(blockIdx.x) * kPpnThreads + threadIdx.x;
+  __shared__ float post[kMaxHc], pre[kMaxHc], comb[kMaxHc * kMaxHc];
+  if (threadIdx.x < hc) {
+    post[threadIdx.x] = post_mix[r * post_mw + hc + threadIdx.x];
+    pre[threadIdx.x] = pre_mix[r * pre_mw + threadIdx.x];
+  }
+  if (threadIdx.x < hc * hc) comb[threadIdx.x] = post_mix[r * post_mw + 2 * hc + threadIdx.x];
+  float* xr = xn + r * d;
+  const bool in = i < d;
+  const float yv = in ? y[r * d + i] : 0.0f;
+  float rv[kMaxHc];
+#pragma unroll
+  for (int j = 0; j < kMaxHc; ++j) rv[j] = j < hc && in ? res[(r * hc + j) * d + i] : 0.0f;
+  __syncthreads();  // the mixes
+  if (in) {
+    float x = 0.0f;
+    for (int k = 0; k < hc; ++k) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j)
+        if (j < hc) acc = __fadd_rn(acc, __fmul_rn(comb[j * hc + k], rv[j]));
+      const float o = cuda::round_bf16(__fadd_rn(__fmul_rn(post[k], yv), acc));
+      out[(r * hc + k) * d + i] = o;
+      x = __fadd_rn(x, __fmul_rn(pre[k], o));
+    }
+    xr[i] = cuda::round_bf16(x);
+  }
+  if (!cuda::split_last_arrival(counters + r, static_cast<int>(gridDim.x))) return;
+  // the row's x, kHeld values per thread at a time with their loads in flight together (one at a
+  // time, the 20 dependent L2 round trips of a 5120-wide row took ~10 us)
+  constexpr int kHeld = 24;
+  constexpr int64_t kSpan = kHeld * kPpnThreads;
+  float ss = 0.0f;  // chain threadIdx.x of cpu::sum_squares(x, d)
+  float xv[kHeld], wv[kHeld];
+  for (int64_t p0 = threadIdx.x; p0 - threadIdx.x < d; p0 += kSpan) {  // the same trip count in every thread
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int64_t p = p0 + k * kPpnThreads;
+      xv[k] = p < d ? __ldcg(xr + p) : 0.0f;
+      wv[k] = p < d ? cuda::attn::weight_elem(w, T, p) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k)
+      if (p0 + k * kPpnThreads < d) ss = __fadd_rn(ss, __fmul_rn(xv[k], xv[k]));
+  }
+  const float dot = cuda::block_chains_total<kPpnThreads>(ss);
+  const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dot, static_cast<float>(d)), eps)));
+  if (d <= kSpan) {  // one trip: the registers hold the thread's whole share of the row
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int64_t p = threadIdx.x + k * kPpnThreads;
+      if (p < d) xr[p] = cuda::dq::round_bf16(__fmul_rn(wv[k], __fmul_rn(xv[k], inv)));
+    }
+    return;
+  }
+#pragma unroll 4
+  for (int64_t p = threadIdx.x; p < d; p += kPpnThreads)
+    xr[p] = cuda::dq::round_bf16(__fmul_rn(cuda::attn::weight_elem(w, T, p), __fmul_rn(__ldcg(xr + p), inv)));
+}
+
 // out[r, i] = bf16((sum_k x[r, k, i]) / hc).
 __global__ void stream_mean_kernel(const float* __restrict__ x, int hc, int64_t d, int64_t total, float* __restrict__ y) {
   ::di::cuda::grid_dependency_wait();
@@ -363,6 +442,31 @@ Tensor CudaBackend::hc_post(const Tensor& y, const Tensor& residual, const Tenso
   ::di::cuda::launch(hc_post_kernel, elem_blocks(total), kElemThreads, 0, y.f32(), residual.f32(), mix.f32(), mw, hc, d,
                      total, out.f32());
   return out;
+}
+
+std::pair<Tensor, Tensor> CudaBackend::hc_post_pre_norm(const Tensor& y, const Tensor& residual, const Tensor& post_mix,
+                                                        const Tensor& pre_mix, int hc, const Weight& norm, float eps) {
+  check_hc(hc, "hc_post_pre_norm");
+  const int64_t s = y.rows(), d = y.row_size();
+  DI_CHECK(residual.rows() == s && residual.row_size() == hc * d);
+  DI_CHECK(post_mix.rows() == s && post_mix.row_size() >= (2 + hc) * hc && pre_mix.rows() == s &&
+           pre_mix.row_size() >= hc);
+  if (norm.rows * norm.cols != d)
+    throw Error("cuda op hc_post_pre_norm: norm weight has " + std::to_string(norm.rows * norm.cols) +
+                " values, expected " + std::to_string(d));
+  const WType w_t = cuda::attn::weight_type(norm, "hc_post_pre_norm", "norm");
+  Tensor out = alloc(TType::kF32, {s, hc * d});
+  Tensor xn = alloc(TType::kF32, {s, d});
+  if (s == 0 || d == 0) return {out, xn};
+  DI_CHECK_MSG(s <= 65535, "hc_post_pre_norm: too many rows");
+  auto* kernel = w_t == WType::kBf16  ? hc_post_pre_norm_kernel<WType::kBf16>
+                 : w_t == WType::kF16 ? hc_post_pre_norm_kernel<WType::kF16>
+                                      : hc_post_pre_norm_kernel<WType::kF32>;
+  unsigned* counters = cuda::workspace_as<unsigned>(cuda::Ws::kCounters, static_cast<size_t>(s));  // kept zero
+  const dim3 grid(static_cast<unsigned>(cuda::blocks_for(d, kPpnThreads)), static_cast<unsigned>(s));
+  ::di::cuda::launch(kernel, grid, kPpnThreads, 0, y.f32(), residual.f32(), post_mix.f32(), post_mix.row_size(),
+                     pre_mix.f32(), pre_mix.row_size(), hc, d, cuda::wdata(norm), eps, counters, out.f32(), xn.f32());
+  return {out, xn};
 }
 
 Tensor CudaBackend::stream_mean(const Tensor& x, int hc) {

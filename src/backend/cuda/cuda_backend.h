@@ -57,6 +57,8 @@ class CudaBackend final : public Backend {
   Tensor hc_pre(const Tensor& x, const Tensor& mix, int hc) override;
   Tensor hc_post(const Tensor& y, const Tensor& residual, const Tensor& mix, int hc) override;
   Tensor stream_mean(const Tensor& x, int hc) override;
+  std::pair<Tensor, Tensor> hc_post_pre_norm(const Tensor& y, const Tensor& residual, const Tensor& post_mix,
+                                             const Tensor& pre_mix, int hc, const Weight& norm, float eps) override;
 
   Tensor sparse_attention(const Tensor& q, int heads, const Tensor& kv, const Tensor& idx, const Weight& sink,
                           float softmax_scale, const Tensor& kv_more, RowFormat more_format) override;

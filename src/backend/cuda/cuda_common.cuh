@@ -75,25 +75,14 @@ __device__ __forceinline__ float sum_dot_chains(const float* c, float tail) {
                    tail);
 }
 
-// cpu::sum_squares(x, n) bit for bit, computed by a CTA of 256 threads: thread t runs chain t (the
-// elements i = t mod 256, loads 32 at a time), then the same pairwise tree -- shared memory down to
-// 32 partials, then shuffles. Every thread gets the result; call from every thread of the CTA, once.
-// With cpu::dot's 8 chains this was a chain of n / 8 dependent adds (~5.6 us at n = 20480).
+// cpu::sum_squares's final step over its 256 chains, chain t being thread t's `s`: the same pairwise
+// tree -- shared memory down to 32 partials, then shuffles. Every thread gets the result; call from
+// every thread of the CTA, once.
 template <int kThreads>
-__device__ __forceinline__ float block_sum_squares_exact(const float* __restrict__ x, int64_t n) {
+__device__ __forceinline__ float block_chains_total(float s) {
   static_assert(kThreads == 256, "one thread per chain of cpu::sum_squares");
-  constexpr int kBatch = 32;
   __shared__ float part[kThreads];
   __shared__ float total;
-  float s = 0.0f;
-  for (int64_t i0 = threadIdx.x; i0 < n; i0 += kBatch * kThreads) {
-    float v[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) v[k] = i0 + k * kThreads < n ? x[i0 + k * kThreads] : 0.0f;
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k)
-      if (i0 + k * kThreads < n) s = __fadd_rn(s, __fmul_rn(v[k], v[k]));
-  }
   part[threadIdx.x] = s;
   __syncthreads();
 #pragma unroll
@@ -109,6 +98,41 @@ __device__ __forceinline__ float block_sum_squares_exact(const float* __restrict
   }
   __syncthreads();
   return total;
+}
+
+// cpu::sum_squares(x, n) bit for bit, computed by a CTA of 256 threads: thread t runs chain t (the
+// elements i = t mod 256, loads 32 at a time), then block_chains_total. Call from every thread of the
+// CTA, once. With cpu::dot's 8 chains this was a chain of n / 8 dependent adds (~5.6 us at n = 20480).
+template <int kThreads>
+__device__ __forceinline__ float block_sum_squares_exact(const float* __restrict__ x, int64_t n) {
+  constexpr int kBatch = 32;
+  float s = 0.0f;
+  for (int64_t i0 = threadIdx.x; i0 < n; i0 += kBatch * kThreads) {
+    float v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) v[k] = i0 + k * kThreads < n ? x[i0 + k * kThreads] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (i0 + k * kThreads < n) s = __fadd_rn(s, __fmul_rn(v[k], v[k]));
+  }
+  return block_chains_total<kThreads>(s);
+}
+
+// Split fix-up: after every CTA of a group has stored its part, the last one to arrive (counter)
+// finishes the group -- split-K sums in split order, so the result does not depend on the arrival
+// order. Returns true in the CTA that must finish; it then resets the counter to zero for the next
+// launch, and sees every other CTA's stores (read them past L1: __ldcg). Call with the whole CTA.
+__device__ __forceinline__ bool split_last_arrival(unsigned* counter, int splits) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(counter, 1u) == static_cast<unsigned>(splits - 1);
+    if (last) *counter = 0u;  // no other CTA of this launch touches it again
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
 }
 
 }  // namespace di::cuda

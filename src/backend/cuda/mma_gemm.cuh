@@ -434,21 +434,7 @@ __device__ __forceinline__ void for_each_acc(const float (&acc)[2][NT][4], int r
       }
 }
 
-// Split-K fix-up: after every CTA of a tile group has stored its partials, the last one to arrive
-// (counter) sums them in split order, so the result does not depend on the arrival order. Returns
-// true in the CTA that must do the sum; it then resets the counter to zero for the next launch.
-// Call with the whole CTA, after the partial stores.
-__device__ __forceinline__ bool split_last_arrival(unsigned* counter, int splits) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(counter, 1u) == static_cast<unsigned>(splits - 1);
-    if (last) *counter = 0u;  // no other CTA of this launch touches it again
-  }
-  __syncthreads();
-  if (last) __threadfence();
-  return last;
-}
+// Split-K fix-up: the last CTA of a tile group to arrive sums the partials (cuda_common.cuh).
+using ::di::cuda::split_last_arrival;
 
 }  // namespace di::cuda::mma
