@@ -5,6 +5,7 @@ import argparse
 import collections
 import csv
 import re
+import signal
 
 
 def short(name):
@@ -13,6 +14,7 @@ def short(name):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet when piped into head
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
     ap.add_argument("--from", dest="first", type=int, default=-1, help="first launch to list in order")
@@ -35,7 +37,8 @@ def main():
     if a.first >= 0:
         for i, r in enumerate(rows[a.first:a.first + a.count]):
             t = float(r["gpu__time_duration.sum"].replace(",", "")) * unit
-            print(f"{a.first + i:5d} {t:8.2f} us  {short(r['Kernel Name'])[:100]}  grid {r.get('launch__grid_size', '')}")
+            grid = r.get("launch__grid_size", "")
+            print(f"{a.first + i:5d} {t:8.2f} us  {short(r['Kernel Name'])[:100]}  grid {grid}")
 
 
 if __name__ == "__main__":

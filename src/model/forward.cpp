@@ -141,7 +141,8 @@ std::vector<ForwardResult> Model::forward_batch(std::vector<BatchEntry>& entries
     }
     // the next block's input is computed with this block's output unless something may change the
     // streams in between (its Engram, a hook)
-    const bool carry = l + 1 < cfg_.n_layers && cfg_.layers[l + 1].engram_slot < 0 && !(hooks && hooks->before_layer);
+    const bool carry =
+        l + 1 < cfg_.n_layers && cfg_.layers[l + 1].engram_slot < 0 && !(hooks && hooks->before_layer);
     Tensor next_x;
     h = block(l, h, pre, batch, hooks, carried_x.empty() ? nullptr : &carried_x,
               carry ? &w_.layers[l + 1].attn_norm : nullptr, &next_x);

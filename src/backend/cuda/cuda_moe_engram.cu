@@ -9,9 +9,9 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/dense_linear.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
-#include "backend/cuda/side_stream.cuh"
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/moe_kernels.cuh"
+#include "backend/cuda/side_stream.cuh"
 
 namespace di {
 namespace {
@@ -150,7 +150,6 @@ Tensor CudaBackend::moe_experts_grouped(const Tensor& x, const MoeRoute& route,
 
   // Grouped path: routing lists on the device, one launch per projection for all active experts.
   using namespace cuda;
-
   const int64_t n = s * k, inter = experts[0].w1.rows;
   DI_CHECK_MSG(n * std::max(d, inter) < (1LL << 31), "moe_experts: too many rows");
   const uint8_t* const* tables = expert_tables(experts);
