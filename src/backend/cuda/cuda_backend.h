@@ -3,11 +3,15 @@
 // checkpoint. Every op is tested against the CPU backend (tests/gpu).
 #pragma once
 
+#include <memory>
 #include <mutex>
 
 #include "backend/backend.h"
 
 namespace di {
+namespace cuda {
+class UploadCache;
+}
 
 class CudaBackend final : public Backend {
  public:
@@ -111,6 +115,7 @@ class CudaBackend final : public Backend {
   PinnedBuffer staged_view_;  // to_host_f32_staged's buffer, handed to the caller
   void copy_to_host(void* dst, const void* src, size_t bytes);
   int64_t weight_bytes_ = 0;
+  std::unique_ptr<cuda::UploadCache> rope_uploads_;  // RoPE's positions and frequency tables
   bool batch_invariant_ = false;
   bool fast_fp4_gemm_ = false;  // MXFP4 block sums on wgmma (mma_gemm.cuh)
 };

@@ -307,10 +307,8 @@ void CudaBackend::rope(Tensor& x, int heads, int head_dim, int rope_dim, const s
   DI_CHECK(rope_dim >= 0 && rope_dim <= head_dim);
   const int64_t total = s * heads * (rope_dim / 2);
   if (total == 0) return;
-  Scratch pos = upload(positions);
-  Scratch freqs = upload(table.freqs);
   ::di::cuda::launch(rope_kernel, grid_for(total), kThreads, 0, x.f32(), s, heads, head_dim, rope_dim,
-                     pos.as<int64_t>(), freqs.as<float>(), inverse);
+                     rope_uploads_->get(positions), rope_uploads_->get(table.freqs), inverse);
 }
 
 void CudaBackend::round_bf16(Tensor& x) {
