@@ -326,6 +326,8 @@ TEST_F(DenseOps, GroupedLinear) {
   // the tensor-core path (R % 256 == 0): token-tile widths, a partial 64-token tile, wo_a's shape
   for (int64_t s : {1, 2, 9, 24, 65}) check_grouped_linear(*this, s, 2, 256, 512);
   check_grouped_linear(*this, 64, 8, 1024, 4096);
+  // wo_a at decode sizes: 8 K splits summed by each tile's last CTA (tokens x splits <= 32)
+  for (int64_t s : {1, 3}) check_grouped_linear(*this, s, 8, 1024, 4096);
 }
 
 TEST_F(DenseOps, EmbedBitExact) {

@@ -69,7 +69,7 @@ template <int NT, MmaWeight F>
 __global__ void __launch_bounds__(kMmaThreads, 1)
     bf16_mma_kernel(const float* __restrict__ x, int64_t x_stride, int rows_per_group, int S, const uint8_t* __restrict__ w,
                     const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int k_per_split,
-                    bool bf16_out, float* __restrict__ y, float* __restrict__ partial) {
+                    bool bf16_out, float* __restrict__ y, float* __restrict__ partial, unsigned* __restrict__ counters) {
   ::di::cuda::grid_dependency_wait();
   constexpr int kTok = 8 * NT;
   constexpr bool kFp8 = F == MmaWeight::kFp8Block;
@@ -176,11 +176,25 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     if (partial) partial[blockIdx.z * static_cast<int64_t>(S) * N + at] = v;
     else y[at] = bf16_out ? round_bf16(v) : v;
   });
+  // counters: the tile's last split CTA sums the splits' partials in split order, as reduce_splits
+  // does (the same bits), one thread per row of the tile
+  if (!counters || !split_last_arrival(counters + blockIdx.y * gridDim.x + blockIdx.x, static_cast<int>(gridDim.z)))
+    return;
+  static_assert(kMmaThreads == kRowsPerCta, "one fix-up thread per row");
+  const int r = blockIdx.x * kRowsPerCta + threadIdx.x;
+  if (r >= N) return;
+  for (int t = 0; t < tokens; ++t) {
+    const int64_t at = static_cast<int64_t>(t0 + t) * N + r;
+    const float v = mma::sum_splits(partial + at, static_cast<int64_t>(S) * N, static_cast<int>(gridDim.z));
+    y[at] = bf16_out ? dq::round_bf16(v) : v;
+  }
 }
 
 // K splits: a CTA streams its rows' weights one 64-wide chunk at a time, so few row CTAs (wo_a: 32 of
 // 256 rows) leave most SMs idle and each warp a long chain of chunks. Split K until about two CTAs
-// per SM, each split >= 8 chunks; results are summed in split order by reduce_splits.
+// per SM, each split >= 8 chunks; results are summed in split order by the tile's last CTA when
+// tokens x splits is small (the quantized linears' rule: at batch 1 the reduce launch cost ~3 us
+// of a ~20 us wo_a), else by reduce_splits.
 template <MmaWeight F, int NT>
 void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y) {
   const int64_t ctas = (w.rows + kRowsPerCta - 1) / kRowsPerCta * ((S + 8 * NT - 1) / (8 * NT));
@@ -191,10 +205,12 @@ void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, 
   float* partial = used > 1 ? workspace_as<float>(Ws::kPartial, static_cast<size_t>(used * S * w.rows)) : nullptr;
   const dim3 grid(static_cast<unsigned>((w.rows + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>((S + 8 * NT - 1) / (8 * NT)),
                   static_cast<unsigned>(used));
+  const bool fixup = partial && std::min<int64_t>(S, 8 * NT) * used <= 32;
+  unsigned* counters = fixup ? workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(grid.x) * grid.y) : nullptr;
   ::di::cuda::launch(bf16_mma_kernel<NT, F>, grid, kMmaThreads, 0, x, x_stride, rows_per_group, static_cast<int>(S),
                      wdata(w), F == MmaWeight::kFp8Block ? wscale(w) : nullptr, w.scale_cols, static_cast<int>(w.rows),
-                     static_cast<int>(w.cols), static_cast<int>(per_split), bf16_out, y, partial);
-  if (partial) reduce_splits(partial, static_cast<int>(used), S * w.rows, bf16_out, y);
+                     static_cast<int>(w.cols), static_cast<int>(per_split), bf16_out, y, partial, counters);
+  if (partial && !fixup) reduce_splits(partial, static_cast<int>(used), S * w.rows, bf16_out, y);
 }
 
 template <MmaWeight F>
