@@ -66,6 +66,55 @@ TEST(ProfilingBackend, ForwardsExactlyAndCountsLinear) {
   EXPECT_EQ(st.seconds, 0.0);  // counted, not timed
 }
 
+// The fused mHC site op: off, the inner backend's op as it runs (the CPU's default: its three ops);
+// counted, its three ops one by one -- the same values either way.
+TEST(ProfilingBackend, FusedSiteOpForwardsExactlyAndCountsItsThreeOps) {
+  std::mt19937_64 rng(testing_util::fresh_seed("ProfilingBackend.FusedSiteOpForwardsExactlyAndCountsItsThreeOps"));
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  ProfilingBackend pb(*cpu);
+  const int hc = 4;
+  const int64_t s = 1 + static_cast<int64_t>(rng() % 4), d = 32 + static_cast<int64_t>(rng() % 300);
+  const int64_t mw = (2 + hc) * hc;
+  const std::vector<float> yv = random_floats(rng, static_cast<size_t>(s * d));
+  const std::vector<float> rv = random_floats(rng, static_cast<size_t>(s * hc * d));
+  const std::vector<float> post = random_floats(rng, static_cast<size_t>(s * mw));
+  const std::vector<float> pre = random_floats(rng, static_cast<size_t>(s * mw));
+  std::vector<float> norm_values = random_floats(rng, static_cast<size_t>(d));
+  Weight norm;
+  norm.mode = WeightMode::kF32;
+  norm.dtype = DType::kF32;
+  norm.data = reinterpret_cast<const uint8_t*>(norm_values.data());
+  norm.rows = 1;
+  norm.cols = d;
+  pb.prepare(norm);
+  // the inputs uploaded and the outputs read back outside the op (transfers are counted too)
+  const Tensor y = pb.from_host_f32(yv, {s, d}), res = pb.from_host_f32(rv, {s, hc * d});
+  const Tensor post_mix = pb.from_host_f32(post, {s, mw}), pre_mix = pb.from_host_f32(pre, {s, mw});
+  auto run = [&](ProfilingBackend::Mode mode) {
+    pb.set_mode(mode);
+    auto [h, x] = pb.hc_post_pre_norm(y, res, post_mix, pre_mix, hc, norm, 1e-6f);
+    pb.set_mode(ProfilingBackend::Mode::kOff);
+    return std::make_pair(pb.to_host_f32(h), pb.to_host_f32(x));
+  };
+  const Tensor h_want = cpu->hc_post(cpu->from_host_f32(yv, {s, d}), cpu->from_host_f32(rv, {s, hc * d}),
+                                     cpu->from_host_f32(post, {s, mw}), hc);
+  const std::vector<float> x_want =
+      cpu->to_host_f32(cpu->rmsnorm(cpu->hc_pre(h_want, cpu->from_host_f32(pre, {s, mw}), hc), norm, 1e-6f));
+  const auto off = run(ProfilingBackend::Mode::kOff);
+  EXPECT_EQ(off.first, cpu->to_host_f32(h_want));
+  EXPECT_EQ(off.second, x_want);
+  EXPECT_TRUE(pb.ops().empty());
+  const auto counted = run(ProfilingBackend::Mode::kCount);
+  EXPECT_EQ(counted.first, off.first);
+  EXPECT_EQ(counted.second, off.second);
+  std::vector<std::string> labels;
+  for (const auto& [key, st] : pb.ops()) {
+    labels.push_back(key.second);
+    EXPECT_EQ(st.calls, 1) << key.second;
+  }
+  EXPECT_EQ(labels, (std::vector<std::string>{"hc_post", "hc_pre", "rmsnorm"}));
+}
+
 TEST(ProfilingBackend, AccountsLiveAndPeakTensorBytes) {
   std::mt19937_64 rng(testing_util::fresh_seed("ProfilingBackend.AccountsLiveAndPeakTensorBytes"));
   std::unique_ptr<Backend> cpu = make_cpu_backend();
