@@ -135,7 +135,7 @@ __device__ __forceinline__ FinishRow<kHc> row_inputs_then_wait(const float* __re
                                                                const uint8_t* base, WType base_t) {
   const float ss = cuda::block_sum_squares_exact<kFinThreads>(x, n);
   FinishRow<kHc> row;
-  row.rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), norm_eps)));
+  row.rs = cuda::rms_scale(ss, n, norm_eps);
 #pragma unroll
   for (int i = 0; i < 3; ++i) row.scale[i] = cuda::attn::weight_elem(scale, scale_t, i);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kPpnThreads)
       if (p0 + k * kPpnThreads < d) ss = __fadd_rn(ss, __fmul_rn(xv[k], xv[k]));
   }
   const float dot = cuda::block_chains_total<kPpnThreads>(ss);
-  const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(dot, static_cast<float>(d)), eps)));
+  const float inv = cuda::rms_scale(dot, d, eps);
   if (d <= kSpan) {  // one trip: the registers hold the thread's whole share of the row
 #pragma unroll
     for (int k = 0; k < kHeld; ++k) {

@@ -75,6 +75,11 @@ __device__ __forceinline__ float sum_dot_chains(const float* c, float tail) {
                    tail);
 }
 
+// RMSNorm's scale from a row's sum of squares, in the CPU's fp32 order: 1 / sqrt(sum_sq / n + eps).
+__device__ __forceinline__ float rms_scale(float sum_sq, int64_t n, float eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum_sq, static_cast<float>(n)), eps)));
+}
+
 // cpu::sum_squares's final step over its 256 chains, chain t being thread t's `s`: the same pairwise
 // tree -- shared memory down to 32 partials, then shuffles. Every thread gets the result; call from
 // every thread of the CTA, once.

@@ -88,9 +88,7 @@ __global__ void __launch_bounds__(kNormThreads)
     xv[k] = i < n ? xr[i] : 0.0f;
     wv[k] = i < n ? weight_value<kD>(w, i) : 0.0f;
   }
-  const float dot = cuda::block_sum_squares_exact<kNormThreads>(xr, n);
-  const float var = __fdiv_rn(dot, static_cast<float>(n));
-  const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+  const float inv = cuda::rms_scale(cuda::block_sum_squares_exact<kNormThreads>(xr, n), n, eps);
 #pragma unroll
   for (int k = 0; k < kHeld; ++k) {
     const int64_t i = threadIdx.x + k * kNormThreads;

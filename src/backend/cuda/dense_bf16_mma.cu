@@ -176,18 +176,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     if (partial) partial[blockIdx.z * static_cast<int64_t>(S) * N + at] = v;
     else y[at] = bf16_out ? round_bf16(v) : v;
   });
-  // counters: the tile's last split CTA sums the splits' partials in split order, as reduce_splits
-  // does (the same bits), one thread per row of the tile
+  // counters: the tile's last split CTA sums the splits' partials (mma::fixup_rows)
   if (!counters || !split_last_arrival(counters + blockIdx.y * gridDim.x + blockIdx.x, static_cast<int>(gridDim.z)))
     return;
   static_assert(kMmaThreads == kRowsPerCta, "one fix-up thread per row");
-  const int r = blockIdx.x * kRowsPerCta + threadIdx.x;
-  if (r >= N) return;
-  for (int t = 0; t < tokens; ++t) {
-    const int64_t at = static_cast<int64_t>(t0 + t) * N + r;
-    const float v = mma::sum_splits(partial + at, static_cast<int64_t>(S) * N, static_cast<int>(gridDim.z));
-    y[at] = bf16_out ? dq::round_bf16(v) : v;
-  }
+  mma::fixup_rows(partial, y, blockIdx.x * kRowsPerCta, t0, tokens, S, N, static_cast<int>(gridDim.z), bf16_out);
 }
 
 // K splits: a CTA streams its rows' weights one 64-wide chunk at a time, so few row CTAs (wo_a: 32 of
@@ -205,7 +198,7 @@ void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, 
   float* partial = used > 1 ? workspace_as<float>(Ws::kPartial, static_cast<size_t>(used * S * w.rows)) : nullptr;
   const dim3 grid(static_cast<unsigned>((w.rows + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>((S + 8 * NT - 1) / (8 * NT)),
                   static_cast<unsigned>(used));
-  const bool fixup = partial && std::min<int64_t>(S, 8 * NT) * used <= 32;
+  const bool fixup = partial && mma::fixup_in_kernel(std::min<int64_t>(S, 8 * NT), used);
   unsigned* counters = fixup ? workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(grid.x) * grid.y) : nullptr;
   ::di::cuda::launch(bf16_mma_kernel<NT, F>, grid, kMmaThreads, 0, x, x_stride, rows_per_group, static_cast<int>(S),
                      wdata(w), F == MmaWeight::kFp8Block ? wscale(w) : nullptr, w.scale_cols, static_cast<int>(w.rows),

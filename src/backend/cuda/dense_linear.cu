@@ -114,11 +114,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     partial[(static_cast<int64_t>(split) * M + t0 + t) * N + r] = v;
   });
   if (!fixup || !split_last_arrival(counters + blockIdx.z * gridDim.x + blockIdx.x, splits)) return;
-  const int r = blockIdx.x * kCtaRows + threadIdx.x;
-  if (r >= N) return;
-  for (int t = 0; t < count; ++t)
-    y[static_cast<int64_t>(t0 + t) * N + r] =
-        dq::round_bf16(sum_splits(partial + static_cast<int64_t>(t0 + t) * N + r, static_cast<int64_t>(M) * N, splits));
+  fixup_rows(partial, y, blockIdx.x * kCtaRows, t0, count, M, N, splits, true);
 }
 
 // y[i] = sum over splits of partial[sp][i] (bf16-rounded when bf16_out), i < M*N, in split order.
@@ -165,7 +161,7 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
                        plan.splits, false, nullptr, nullptr, y);
     return;
   }
-  const bool fixup = std::min<int64_t>(M, mma::kTokTile) * plan.splits <= 32;
+  const bool fixup = mma::fixup_in_kernel(std::min<int64_t>(M, mma::kTokTile), plan.splits);
   float* partial = nullptr;
   unsigned* counters = nullptr;
   if (plan.splits > 1) {

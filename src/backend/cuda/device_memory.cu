@@ -114,13 +114,9 @@ void upload_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   const int lane = stream_lane();
   const cudaStream_t stream = current_stream();
-  if (bytes > UploadRing::kHalf / 4) {  // large (prefill lists): the driver's own staging
-    if (lane == 0) {
-      DI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-    } else {  // cudaMemcpy orders the copy on the legacy stream only
-      DI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
-      DI_CUDA_CHECK(cudaStreamSynchronize(stream));
-    }
+  if (bytes > UploadRing::kHalf / 4) {  // large (prefill lists): the driver's own staging, waited for
+    DI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+    DI_CUDA_CHECK(cudaStreamSynchronize(stream));
     return;
   }
   // one ring per stream: a half's event then covers every copy issued from it

@@ -407,6 +407,24 @@ __device__ __forceinline__ float sum_splits(const float* p, int64_t split_stride
   return s;
 }
 
+// Whether a launch's K splits are summed by each tile's last CTA (split_last_arrival + fixup_rows)
+// rather than by a reduce_splits launch: while a tile's sums are few (tokens x splits), the last CTA
+// adds them faster than a second launch starts; past that its serial sums cost more (RESULTS.md).
+inline bool fixup_in_kernel(int64_t tile_tokens, int64_t splits) { return tile_tokens * splits <= 32; }
+
+// The last CTA's fix-up of a tile: thread t sums row row0 + t of tokens t0 .. t0 + count - 1 over the
+// splits' partials [splits][M, N] in split order (as reduce_splits does: the same bits).
+__device__ __forceinline__ void fixup_rows(const float* partial, float* y, int row0, int t0, int count, int M, int N,
+                                           int splits, bool bf16_out) {
+  const int r = row0 + static_cast<int>(threadIdx.x);
+  if (r >= N) return;
+  for (int t = 0; t < count; ++t) {
+    const int64_t at = static_cast<int64_t>(t0 + t) * N + r;
+    const float v = sum_splits(partial + at, static_cast<int64_t>(M) * N, splits);
+    y[at] = bf16_out ? dq::round_bf16(v) : v;
+  }
+}
+
 // sum += part for every accumulator: the in-CTA K splits of the batch-invariant mode, added in split
 // order to a sum that starts at zero -- the same additions as sum_splits over split CTAs' partials.
 template <int NT>

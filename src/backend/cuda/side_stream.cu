@@ -49,8 +49,6 @@ cudaStream_t current_stream() { return streams().on_side ? streams().side : null
 
 int stream_lane() { return streams().on_side ? 1 : 0; }
 
-bool side_pending() { return streams().pending; }
-
 void side_begin() {
   Streams& s = streams();
   DI_CHECK_MSG(!s.on_side, "side_begin inside a side region");

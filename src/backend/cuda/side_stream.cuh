@@ -23,7 +23,6 @@ namespace di::cuda {
 
 cudaStream_t current_stream();  // the stream the calling op issues its work to
 int stream_lane();              // 0 while on the main stream, 1 on the side stream
-bool side_pending();            // side work issued and not yet joined
 
 void side_begin();  // later work goes to the side stream, ordered after everything issued so far
 void side_end();    // later work goes to the main stream again (not ordered after the side work)
