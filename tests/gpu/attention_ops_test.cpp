@@ -303,7 +303,11 @@ TEST_F(AttentionOps, SparseAttention) {
                                                  {1, 48, 192, 300, 130},
                                                  {1, 32, 512, 200, 200},
                                                  {1, 64, 512, 800, 600},
-                                                 {5, 48, 512, 600, 520}})  // 2 key parts (132 SMs)
+                                                 {5, 48, 512, 600, 520},  // 2 key parts (132 SMs)
+                                                 // many rows: the merged values kernel (no partials),
+                                                 // 64 and 128 dims per CTA on 132 SMs
+                                                 {40, 64, 512, 700, 640},
+                                                 {66, 64, 512, 700, 300}})
     check_sparse_attention(*this, r, c);
 }
 
@@ -313,7 +317,9 @@ TEST_F(AttentionOps, SparseAttention) {
 // x 64-key block) CTAs, which takes the widest tiles (64 heads, 32 for 32 heads, 16 for 16; whole key
 // blocks and dims) on a GPU of up to 300 SMs. On 132 SMs one row takes 4 key parts, and 5 rows 2 at
 // 64 heads x 600 keys, 48 x 520 and 16 x 1700. Odd shapes: 48 and 80 heads (partly filled tiles), dh
-// 192 and 48, lists not a multiple of 64.
+// 192 and 48, lists not a multiple of 64. The big batches of dh 512 take the merged values kernel
+// (each CTA walks a row's whole list, no partials) and the small ones values + combine_splits: the
+// same bits.
 TEST_F(AttentionOps, SparseAttentionLaunchShapesExact) {
   Rng& r = rng();
   struct Case {

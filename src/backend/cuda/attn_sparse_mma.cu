@@ -10,7 +10,9 @@
 //     all their parts, from -1e30), p = exp(s - max) in fp32 (summed into l), rounded to bf16 as the
 //     CPU rounds it, O = P V; the dh dims may be split over CTAs (dim slices), each computing the
 //     same probabilities;
-// then combine_splits merges the blocks' (O, max, l) with the sink. This is the CPU's arithmetic up
+// then combine_splits merges the blocks' (O, max, l) with the sink -- or, in launches of many rows,
+// one merged kernel walks each row's blocks doing both (no partials in memory, the same bits). This
+// is the CPU's arithmetic up
 // to summation order and expf's ulps (which can round a probability to the neighbouring bf16), for
 // each row on its own: batch-invariant by construction. The CUDA-core kernel in cuda_attention.cu
 // re-staged every key block once per 16 heads, in fp32 (128 KB of shared memory per CTA).
@@ -331,7 +333,126 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One CTA per (row, head); shared memory: the splits' m and weights e^(m_z - M).
+// Kernel 2 and combine_splits in one, for launches of many rows: grid (rows, head tiles x dim slices
+// of S dims); CTA (r, ..) walks the row's blocks in order and keeps its slice of O in registers. Per
+// block it does what attn_values_kernel does (the same running max, bf16 probabilities, l and fresh
+// MMA chain acc) and then what combine_splits_kernel does with that block's partial (O = fma(acc, w,
+// O), L = fma(l, w, L) with w = e^(m_z - M), M the row's largest block maximum, known from the scores
+// kernel), so the output has the split path's bits without its [rows, heads, blocks, dh + 2]
+// partials (84 MB written and read back at batch 64). Warp w: heads 16 (w % 4) .. +16, dims
+// (w / 4) S / 2 .. +S / 2 of the slice.
+template <int S>
+__global__ void __launch_bounds__(kThreads)
+    attn_values_merged_kernel(AttnKeys keys, const int32_t* __restrict__ idx, int64_t len, int heads, int dh,
+                              int64_t nblk, int parts, const float* __restrict__ scores,
+                              const float* __restrict__ blk_max, const uint8_t* sink, WType sink_t,
+                              float* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
+  constexpr int st = S + kPad, kTiles = S / 16;  // n8 tiles per warp: S / 2 dims
+  extern __shared__ uint4 smem_u4[];
+  __nv_bfloat16* vs = reinterpret_cast<__nv_bfloat16*>(smem_u4);  // [64 keys][st]
+  __nv_bfloat16* ps = vs + kBlock * st;                            // [64 heads][64 + kPad] probabilities
+  __shared__ int32_t ids[kBlock];
+  __shared__ float run_max[kHeadTile], row_max[kHeadTile], lpart[4][kHeadTile], total[kHeadTile];
+  const int64_t r = blockIdx.x;
+  const int slices = dh / S, slice = blockIdx.y % slices;
+  const int h0 = (blockIdx.y / slices) * kHeadTile, hn = min(kHeadTile, heads - h0);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, qd = lane % 4;
+  const int mt = warp % 4, d0 = (warp / 4) * (S / 2);
+  const bool active = 16 * mt < hn;
+  const float* bm = blk_max + (r * heads + h0 + threadIdx.x) * nblk * parts;  // this thread's head (< hn)
+  float l_sum = 0.0f;                                                          // combine's total, thread h
+  if (threadIdx.x < hn) {  // M: every block's maxima folded from -1e30 in the split path's order
+    float m = -1e30f;
+    for (int64_t i = 0; i < nblk * parts; ++i) m = std_max(m, bm[i]);
+    row_max[threadIdx.x] = m;
+    run_max[threadIdx.x] = -1e30f;
+  }
+  float o[kTiles][4] = {};
+  const __nv_bfloat16* vrow = vs + (lane % 16) * st;  // ldmatrix row address of this lane (k = lane % 16)
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    if (blk > 0) __syncthreads();  // the previous block's MMAs are done with vs and ps
+    if (threadIdx.x < hn) {        // the running max at this block: the same fold, continued
+      float m = run_max[threadIdx.x];
+      for (int p = 0; p < parts; ++p) m = std_max(m, bm[blk * parts + p]);
+      run_max[threadIdx.x] = m;
+    }
+    // ids and the slice's values; its first barrier publishes run_max (and row_max)
+    stage_keys(keys, idx, r, len, blk, 0, kBlock, dh, slice * S, S, st, true, ids, vs);
+    {  // probabilities, as attn_values_kernel: thread (head t / 4, keys 16 (t % 4) .. +16)
+      const int h = threadIdx.x / 4, c = threadIdx.x % 4;
+      float l = 0.0f;
+      if (h < hn) {
+        const float m = run_max[h];
+        const float4* sp = reinterpret_cast<const float4*>(scores + (r * heads + h0 + h) * nblk * kBlock + blk * kBlock + 16 * c);
+        float p[16];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float4 v = sp[i];
+          p[4 * i] = v.x, p[4 * i + 1] = v.y, p[4 * i + 2] = v.z, p[4 * i + 3] = v.w;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          p[i] = p[i] == kNegInf ? 0.0f : expf(p[i] - m);
+          l += p[i];
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i += 2) *reinterpret_cast<uint32_t*>(ps + h * kPStride + 16 * c + i) = pack_bf16(p[i], p[i + 1]);
+      }
+      lpart[c][h] = l;
+    }
+    __syncthreads();
+    if (threadIdx.x < hn) {
+      const float w = expf(run_max[threadIdx.x] - row_max[threadIdx.x]);
+      const float l = ((lpart[0][threadIdx.x] + lpart[1][threadIdx.x]) + lpart[2][threadIdx.x]) + lpart[3][threadIdx.x];
+      l_sum = __fmaf_rn(l, w, l_sum);
+    }
+    if (!active) continue;
+    float w[2];  // the block's weight e^(m_z - M) for heads g, g + 8 of the warp's tile
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = 16 * mt + g + 8 * half;
+      w[half] = expf(run_max[h] - row_max[h]);
+    }
+    uint32_t a[4][4];
+    const __nv_bfloat16* pa = ps + (16 * mt + g) * kPStride + 2 * qd;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      a[ks][0] = lds32(pa + 16 * ks);
+      a[ks][1] = lds32(pa + 8 * kPStride + 16 * ks);
+      a[ks][2] = lds32(pa + 16 * ks + 8);
+      a[ks][3] = lds32(pa + 8 * kPStride + 16 * ks + 8);
+    }
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      float acc[4] = {};
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        uint32_t b0, b1;
+        ldmatrix_b_trans(vrow + 16 * ks * st + d0 + 8 * t, b0, b1);
+        mma::mma_bf16(acc, a[ks], b0, b1);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[t][i] = __fmaf_rn(acc[i], w[i / 2], o[t][i]);
+    }
+  }
+  if (threadIdx.x < hn) total[threadIdx.x] = l_sum + expf(weight_elem(sink, sink_t, h0 + threadIdx.x) - row_max[threadIdx.x]);
+  __syncthreads();
+  if (!active) return;
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+    const int d = slice * S + d0 + 8 * t + 2 * qd;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = 16 * mt + g + 8 * half;
+      *reinterpret_cast<float2*>(out + (r * heads + h0 + h) * dh + d) =
+          make_float2(round_bf16(o[t][2 * half] / total[h]), round_bf16(o[t][2 * half + 1] / total[h]));
+    }
+  }
+}
+
+// One CTA per (row, head); shared memory: the splits' m and weights e^(m_z - M). The sums are
+// explicit fmas: attn_values_merged_kernel computes them alike.
 __global__ void combine_splits_kernel(const float* __restrict__ part, int splits, int heads, int dh,
                                       const uint8_t* sink, WType sink_t, float* __restrict__ out) {
   ::di::cuda::grid_dependency_wait();
@@ -352,7 +473,7 @@ __global__ void combine_splits_kernel(const float* __restrict__ part, int splits
   __syncthreads();
   if (threadIdx.x == 0) {
     float total = 0;
-    for (int z = 0; z < splits; ++z) total += pp[z * (dh + 2) + dh + 1] * wz[z];
+    for (int z = 0; z < splits; ++z) total = __fmaf_rn(pp[z * (dh + 2) + dh + 1], wz[z], total);
     shared_total = total + expf(weight_elem(sink, sink_t, rh % heads) - m);
   }
   __syncthreads();
@@ -365,7 +486,7 @@ __global__ void combine_splits_kernel(const float* __restrict__ part, int splits
       for (int i = 0; i < 8; ++i) v[i] = z0 + i < splits ? pp[(z0 + i) * (dh + 2) + d] : 0.0f;
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        if (z0 + i < splits) a += v[i] * wz[z0 + i];
+        if (z0 + i < splits) a = __fmaf_rn(v[i], wz[z0 + i], a);
     }
     out[rh * dh + d] = round_bf16(a / total);
   }
@@ -398,6 +519,17 @@ LaunchShape launch_shape(int64_t rows, int heads, int dh, int64_t nblk) {
   return shape;
 }
 
+// The merged values kernel's dims per CTA, or 0 for the split path (values + combine_splits): merged
+// when it still gives two CTAs per SM at 64 dims (each CTA walks a whole list, so it needs many
+// rows), at 128 dims when those are also two per SM. Either path gives the same bits.
+int merged_slice_dims(int64_t rows, int heads, int dh) {
+  const int64_t target = 2 * static_cast<int64_t>(sm_count());
+  const int64_t tiles = rows * ((heads + kHeadTile - 1) / kHeadTile);
+  if (dh % 128 == 0 && tiles * (dh / 128) >= target) return 128;
+  if (dh % 64 == 0 && tiles * (dh / 64) >= target) return 64;
+  return 0;
+}
+
 }  // namespace
 
 bool sparse_attention_mma_fits(const float* q, int heads, int dh, const AttnKeys& keys, int64_t len) {
@@ -422,7 +554,7 @@ void sparse_attention_mma(int64_t s, int heads, int dh, const float* q, const At
     allow(attn_scores_kernel<32, 1>, 32);
     allow(attn_scores_kernel<64, 1>, 64);
     allow(attn_values_kernel, kHeadTile);  // more than its kBlock x 264 + 64 x 72 bf16
-    return true;
+    return true;  // (the merged kernel's kBlock x 136 + 64 x 72 bf16 are under the default 48 KB)
   }();
   (void)attr_set;
   // rows per launch: the scores and partials of a launch stay under the split-partial bound (key parts
@@ -435,7 +567,7 @@ void sparse_attention_mma(int64_t s, int heads, int dh, const float* q, const At
   const int most_parts = launch_shape(last_rows, heads, dh, nblk).key_parts;
   Tensor scores = be.alloc(TType::kF32, {n * heads, nblk * kBlock});
   Tensor bmax = be.alloc(TType::kF32, {n * heads, nblk * most_parts});  // [rows, heads, nblk x key parts]
-  Tensor part = be.alloc(TType::kF32, {n * heads * nblk, dh + 2});
+  Tensor part;  // [rows, heads, nblk, dh + 2], for the split path only
   for (int64_t r0 = 0; r0 < s; r0 += rows_per_launch) {
     const int64_t rows = std::min(rows_per_launch, s - r0);
     const LaunchShape shape = launch_shape(rows, heads, dh, nblk);
@@ -457,6 +589,15 @@ void sparse_attention_mma(int64_t s, int heads, int dh, const float* q, const At
                                                   : attn_scores_kernel<16, 4>;
     ::di::cuda::launch(scores_kernel, score_grid, kThreads, smem_scores, q + r0 * heads * dh, keys, idx + r0 * len, len,
                        heads, dh, scale, scores.f32(), bmax.f32());
+    if (const int merged = merged_slice_dims(rows, heads, dh)) {
+      const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((heads + kHeadTile - 1) / kHeadTile * (dh / merged)));
+      const size_t smem = kBlock * static_cast<size_t>(merged + kPad) * 2 + kHeadTile * kPStride * 2;
+      ::di::cuda::launch(merged == 128 ? attn_values_merged_kernel<128> : attn_values_merged_kernel<64>, grid, kThreads,
+                         smem, keys, idx + r0 * len, len, heads, dh, nblk, shape.key_parts, scores.f32(), bmax.f32(),
+                         sink, sink_t, out + r0 * heads * dh);
+      continue;
+    }
+    if (part.empty()) part = be.alloc(TType::kF32, {n * heads * nblk, dh + 2});
     ::di::cuda::launch(attn_values_kernel, value_grid, kThreads, smem_values, keys, idx + r0 * len, len, heads, dh,
                        shape.slice_dims, shape.key_parts, scores.f32(), bmax.f32(), part.f32());
     combine_splits(part.f32(), static_cast<int>(nblk), rows, heads, dh, sink, sink_t, out + r0 * heads * dh);
