@@ -305,9 +305,9 @@ TEST_F(AttentionOps, SparseAttention) {
                                                  {1, 64, 512, 800, 600},
                                                  {5, 48, 512, 600, 520},  // 2 key parts (132 SMs)
                                                  // many rows: the merged values kernel (no partials),
-                                                 // 64 and 128 dims per CTA on 132 SMs
+                                                 // 128 and (dh 192) 64 dims per CTA on 132 SMs
                                                  {40, 64, 512, 700, 640},
-                                                 {66, 64, 512, 700, 300}})
+                                                 {90, 64, 192, 300, 200}})
     check_sparse_attention(*this, r, c);
 }
 

@@ -62,9 +62,118 @@ __device__ __forceinline__ void ldmatrix_b_trans(const __nv_bfloat16* row_ptr, u
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr));
 }
 
+constexpr int kUnroll = 4;  // staging: chunks per thread whose loads are issued before any is converted
+
+// The raw bytes of a staged chunk (8 elements of a key row): f32 rows 32 bytes, FP8 rows 8 code bytes
+// and the block scale, FP4 (E4M3 scales) 4 code bytes and the scale; other formats and unaligned rows
+// are read again when converted.
+struct RawChunk {
+  uint4 a, b;
+};
+
+__device__ __forceinline__ RawChunk load_chunk(const AttnKeys& keys, int id, int dh, int c) {
+  RawChunk raw{};
+  if (id < 0) return raw;
+  if (id < keys.n_kv || keys.packed == nullptr) {
+    const float* row = id < keys.n_kv ? keys.kv + static_cast<int64_t>(id) * dh : keys.more + (id - keys.n_kv) * dh;
+    raw.a = __ldg(reinterpret_cast<const uint4*>(row + 8 * c));
+    raw.b = __ldg(reinterpret_cast<const uint4*>(row + 8 * c) + 1);
+    return raw;
+  }
+  const uint8_t* row = keys.packed + (id - keys.n_kv) * keys.packed_row_bytes;
+  if (keys.fmt == RowFormat::kFp8Ue8m0 && reinterpret_cast<uintptr_t>(row) % 8 == 0) {
+    const uint2 codes = __ldg(reinterpret_cast<const uint2*>(row + 8 * c));
+    raw.a = make_uint4(codes.x, codes.y, __ldg(row + dh + 8 * c / 32), 0u);
+  } else if (keys.fmt == RowFormat::kFp4E4m3 && reinterpret_cast<uintptr_t>(row) % 4 == 0) {
+    raw.a = make_uint4(__ldg(reinterpret_cast<const uint32_t*>(row + 4 * c)), 0u, __ldg(row + dh / 2 + 8 * c / 16), 0u);
+  }
+  return raw;
+}
+
+// 8 E2M1 codes (element i in bits 4i..4i+3) times an E4M3 scale as 4 bf16 pairs, exactly: the magnitude
+// bytes of each code's bf16 pattern come from two byte-permute tables (0, 0.5, 1, 1.5, 2, 3, 4, 6), the
+// sign is the code's top bit, and the product of an E2M1 and an E4M3 value is exact in bf16 (so the
+// bf16 multiply is unpack_rows' bf16(e2m1 x scale)).
+__device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t codes, float scale) {
+  constexpr uint32_t kLoA = 0xC0800000u, kLoB = 0xC0804000u;  // low bytes of the bf16 of |code| 0-3, 4-7
+  constexpr uint32_t kHiA = 0x3F3F3F00u, kHiB = 0x40404040u;  // high bytes
+  const __nv_bfloat162 s2 = __float2bfloat162_rn(scale);      // exact: an E4M3 value
+  uint32_t w[4];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {  // codes 4 half .. +4
+    const uint32_t c = codes >> (16 * half), sel = c & 0x7777u;
+    const uint32_t lo = __byte_perm(kLoA, kLoB, sel), hi = __byte_perm(kHiA, kHiB, sel);
+    const uint32_t p0 = __byte_perm(lo, hi, 0x5140u), p1 = __byte_perm(lo, hi, 0x7362u);  // codes (0, 1), (2, 3)
+    w[2 * half] = p0 | ((c << 12) & 0x8000u) | ((c << 24) & 0x80000000u);
+    w[2 * half + 1] = p1 | ((c << 4) & 0x8000u) | ((c << 16) & 0x80000000u);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]), s2);
+    w[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Chunk c of key `id` as 4 bf16 pairs, from its raw bytes: unpack_rows' dequantization (its values are
+// bf16, so pack_bf16 of them is exact).
+__device__ __forceinline__ uint4 convert_chunk(const AttnKeys& keys, int id, int dh, int c, const RawChunk& raw) {
+  float v[8];
+  if (id < 0) return make_uint4(0u, 0u, 0u, 0u);
+  if (id < keys.n_kv || keys.packed == nullptr) {
+    v[0] = __uint_as_float(raw.a.x), v[1] = __uint_as_float(raw.a.y), v[2] = __uint_as_float(raw.a.z),
+    v[3] = __uint_as_float(raw.a.w), v[4] = __uint_as_float(raw.b.x), v[5] = __uint_as_float(raw.b.y),
+    v[6] = __uint_as_float(raw.b.z), v[7] = __uint_as_float(raw.b.w);
+  } else {
+    const uint8_t* row = keys.packed + (id - keys.n_kv) * keys.packed_row_bytes;
+    if (keys.fmt == RowFormat::kFp8Ue8m0) {  // unpack_rows' values: bf16(e4m3 x e8m0)
+      uint2 codes = make_uint2(raw.a.x, raw.a.y);
+      uint8_t sc = static_cast<uint8_t>(raw.a.z);
+      if (reinterpret_cast<uintptr_t>(row) % 8 != 0) {  // rows of other widths: bytes
+        codes = make_uint2(0u, 0u);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) (i < 4 ? codes.x : codes.y) |= static_cast<uint32_t>(row[8 * c + i]) << (8 * (i % 4));
+        sc = row[dh + 8 * c / 32];
+      }
+      const float s = e8m0_to_float(sc);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)  // (rounded to bf16 where it is packed)
+        v[i] = __fmul_rn(e4m3_to_float(static_cast<uint8_t>((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)))), s);
+    } else if (keys.fmt == RowFormat::kFp4E4m3) {  // bf16(e2m1 x e4m3), even element in the low nibble
+      uint32_t codes = raw.a.x;
+      uint8_t sc = static_cast<uint8_t>(raw.a.z);
+      if (reinterpret_cast<uintptr_t>(row) % 4 != 0) {
+        codes = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) codes |= static_cast<uint32_t>(row[4 * c + i]) << (8 * i);
+        sc = row[dh / 2 + 8 * c / 16];
+      }
+      return e2m1x8_to_bf16(codes, e4m3_to_float(sc));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = packed_at(row, keys.fmt, dh, 8 * c + i);
+    }
+  }
+  return make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+}
+
+// Thread t's elements t, t + kThreads, ... of a [rows][chunks] tile as (row, chunk), stepped without
+// an integer division per element (staging was issue-bound on them).
+struct ChunkWalk {
+  int row, chunk, chunks, d_row, d_chunk;
+  __device__ explicit ChunkWalk(int n_chunks)
+      : row(threadIdx.x / n_chunks), chunk(threadIdx.x % n_chunks), chunks(n_chunks), d_row(kThreads / n_chunks),
+        d_chunk(kThreads % n_chunks) {}
+  __device__ void next() {
+    row += d_row, chunk += d_chunk;
+    if (chunk >= chunks) chunk -= chunks, ++row;
+  }
+};
+
 // Keys [key0, key0 + nkeys) of block `blk` of row r's list: ids[j] for key key0 + j (-1 past the
 // list, for -1 and for out-of-range ids; staged when stage_ids), then columns [col0, col0 + cols) of
-// those key rows as bf16 into tile [nkeys][st] (zeros for -1), 8 elements per thread step.
+// those key rows as bf16 into tile [nkeys][st] (zeros for -1), 8 elements per chunk, kUnroll chunks'
+// loads in flight per thread (the staging is a chain of L2 round trips otherwise).
 __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx, int64_t r, int64_t len, int64_t blk,
                            int key0, int nkeys, int dh, int col0, int cols, int st, bool stage_ids, int32_t* ids,
                            __nv_bfloat16* tile) {
@@ -77,50 +186,19 @@ __device__ void stage_keys(const AttnKeys& keys, const int32_t* __restrict__ idx
     __syncthreads();
   }
   const int chunks = cols / 8;
-  for (int e = threadIdx.x; e < nkeys * chunks; e += kThreads) {
-    const int j = e / chunks, tc = e % chunks, c = col0 / 8 + tc, id = ids[j];
-    float v[8];
-    if (id < 0) {
+  for (ChunkWalk w(chunks); w.row < nkeys;) {
+    const ChunkWalk first = w;
+    RawChunk raw[kUnroll];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-    } else if (id < keys.n_kv || keys.packed == nullptr) {
-      const float* row = id < keys.n_kv ? keys.kv + static_cast<int64_t>(id) * dh : keys.more + (id - keys.n_kv) * dh;
-      const float4 a = __ldg(reinterpret_cast<const float4*>(row + 8 * c));
-      const float4 b = __ldg(reinterpret_cast<const float4*>(row + 8 * c) + 1);
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    } else {
-      const uint8_t* row = keys.packed + (id - keys.n_kv) * keys.packed_row_bytes;
-      if (keys.fmt == RowFormat::kFp8Ue8m0) {  // unpack_rows' values: bf16(e4m3 x e8m0)
-        uint2 codes;
-        if (reinterpret_cast<uintptr_t>(row) % 8 == 0) {
-          codes = __ldg(reinterpret_cast<const uint2*>(row + 8 * c));
-        } else {  // rows of other widths: bytes
-          codes = make_uint2(0u, 0u);
+    for (int u = 0; u < kUnroll; ++u, w.next())
+      raw[u] = w.row < nkeys ? load_chunk(keys, ids[w.row], dh, col0 / 8 + w.chunk) : RawChunk{};
+    ChunkWalk at = first;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) (i < 4 ? codes.x : codes.y) |= static_cast<uint32_t>(row[8 * c + i]) << (8 * (i % 4));
-        }
-        const float s = e8m0_to_float(row[dh + 8 * c / 32]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          v[i] = dq::round_bf16(__fmul_rn(e4m3_to_float(static_cast<uint8_t>((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)))), s));
-      } else if (keys.fmt == RowFormat::kFp4E4m3) {  // bf16(e2m1 x e4m3), even element in the low nibble
-        uint32_t codes = 0;
-        if (reinterpret_cast<uintptr_t>(row) % 4 == 0) {
-          codes = __ldg(reinterpret_cast<const uint32_t*>(row + 4 * c));
-        } else {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) codes |= static_cast<uint32_t>(row[4 * c + i]) << (8 * i);
-        }
-        const float s = e4m3_to_float(row[dh / 2 + 8 * c / 16]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = dq::round_bf16(__fmul_rn(dq::e2m1_to_float_fast((codes >> (4 * i)) & 15u), s));
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = packed_at(row, keys.fmt, dh, 8 * c + i);
-      }
+    for (int u = 0; u < kUnroll; ++u, at.next()) {
+      if (at.row >= nkeys) break;
+      *reinterpret_cast<uint4*>(tile + at.row * st + 8 * at.chunk) =
+          convert_chunk(keys, ids[at.row], dh, col0 / 8 + at.chunk, raw[u]);
     }
-    *reinterpret_cast<uint4*>(tile + j * st + 8 * tc) =
-        make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
   }
 }
 
@@ -160,13 +238,23 @@ __global__ void __launch_bounds__(kThreads)
   for (int col0 = 0; col0 < dh; col0 += kScoreCols) {
     const int cols = min(kScoreCols, dh - col0), chunks = cols / 8;
     if (col0 > 0) __syncthreads();  // the previous columns' MMAs are done with the tiles
-    // the row's queries as bf16
-    for (int e = threadIdx.x; e < hn * chunks; e += kThreads) {
-      const int h = e / chunks, c = e % chunks;
-      const float4* p = reinterpret_cast<const float4*>(q + (r * heads + h0 + h) * dh + col0 + 8 * c);
-      const float4 a = __ldg(p), b = __ldg(p + 1);
-      *reinterpret_cast<uint4*>(qs + h * st + 8 * c) =
-          make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+    // the row's queries as bf16, kUnroll chunks' loads in flight per thread
+    for (ChunkWalk w(chunks); w.row < hn;) {
+      const ChunkWalk first = w;
+      float4 a[kUnroll], b[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u, w.next()) {
+        if (w.row >= hn) break;
+        const float4* p = reinterpret_cast<const float4*>(q + (r * heads + h0 + w.row) * dh + col0 + 8 * w.chunk);
+        a[u] = __ldg(p), b[u] = __ldg(p + 1);
+      }
+      ChunkWalk at = first;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u, at.next()) {
+        if (at.row >= hn) break;
+        *reinterpret_cast<uint4*>(qs + at.row * st + 8 * at.chunk) = make_uint4(
+            pack_bf16(a[u].x, a[u].y), pack_bf16(a[u].z, a[u].w), pack_bf16(b[u].x, b[u].y), pack_bf16(b[u].z, b[u].w));
+      }
     }
     stage_keys(keys, idx, r, len, blk, key0, kPartKeys, dh, col0, cols, st, col0 == 0, ids, ks);
     __syncthreads();
@@ -519,14 +607,15 @@ LaunchShape launch_shape(int64_t rows, int heads, int dh, int64_t nblk) {
   return shape;
 }
 
-// The merged values kernel's dims per CTA, or 0 for the split path (values + combine_splits): merged
-// when it still gives two CTAs per SM at 64 dims (each CTA walks a whole list, so it needs many
-// rows), at 128 dims when those are also two per SM. Either path gives the same bits.
+// The merged values kernel's dims per CTA, or 0 for the split path (values + combine_splits). Each
+// merged CTA walks a whole list, so it takes launches of many rows: 128 dims per CTA once that gives a
+// CTA per SM, else 64 (dh not a multiple of 128) at two per SM. Wider slices recompute fewer
+// probabilities (every slice computes its heads' own) -- at batch 64 (H200, ncu): 84.6 us per layer at
+// 64 dims, 57.0 at 128, 74.0 at 256 (128 CTAs: under a wave). Either path gives the same bits.
 int merged_slice_dims(int64_t rows, int heads, int dh) {
-  const int64_t target = 2 * static_cast<int64_t>(sm_count());
-  const int64_t tiles = rows * ((heads + kHeadTile - 1) / kHeadTile);
-  if (dh % 128 == 0 && tiles * (dh / 128) >= target) return 128;
-  if (dh % 64 == 0 && tiles * (dh / 64) >= target) return 64;
+  const int64_t sms = sm_count(), tiles = rows * ((heads + kHeadTile - 1) / kHeadTile);
+  if (dh % 128 == 0 && tiles * (dh / 128) >= sms) return 128;
+  if (dh % 64 == 0 && tiles * (dh / 64) >= 2 * sms) return 64;
   return 0;
 }
 
