@@ -64,9 +64,11 @@ __device__ __forceinline__ void e4m3x4_to_bf16(uint32_t codes, float scale, uint
 }
 
 // x row t of the CTA's group: x + t * x_stride + group * K (group = first row / rows_per_group; a
-// CTA's rows share one group). wscale: FP8 block scales [ceil(N / 32), scale_cols] (E8M0).
+// CTA's rows share one group). wscale: FP8 block scales [ceil(N / 32), scale_cols] (E8M0). Up to 16
+// tokens two CTAs share an SM (the BF16 head at batch 1 - 8 streams 1.3 GB; at 146 registers it ran
+// one CTA, 8 warps, per SM; ptxas now keeps it under 128 with a few spilled bytes).
 template <int NT, MmaWeight F>
-__global__ void __launch_bounds__(kMmaThreads, 1)
+__global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     bf16_mma_kernel(const float* __restrict__ x, int64_t x_stride, int rows_per_group, int S, const uint8_t* __restrict__ w,
                     const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int k_per_split,
                     bool bf16_out, float* __restrict__ y, float* __restrict__ partial, unsigned* __restrict__ counters) {
