@@ -302,6 +302,51 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The probabilities of block blk for the tile's hn heads (both values kernels): thread (head t / 4,
+// keys 16 (t % 4) .. +16) turns the scores into p = e^(s - run_max[h]) (0 for -inf), stores bf16(p)
+// into ps [64 heads][kPStride] and its sum of p into lpart[t % 4][h].
+__device__ __forceinline__ void block_probabilities(const float* __restrict__ scores, int64_t r, int heads, int h0,
+                                                    int hn, int64_t nblk, int64_t blk, const float* run_max,
+                                                    __nv_bfloat16* ps, float (*lpart)[kHeadTile]) {
+  const int h = threadIdx.x / 4, c = threadIdx.x % 4;
+  float l = 0.0f;
+  if (h < hn) {
+    const float m = run_max[h];
+    const float4* sp = reinterpret_cast<const float4*>(scores + (r * heads + h0 + h) * nblk * kBlock + blk * kBlock + 16 * c);
+    float p[16];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = sp[i];
+      p[4 * i] = v.x, p[4 * i + 1] = v.y, p[4 * i + 2] = v.z, p[4 * i + 3] = v.w;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      p[i] = p[i] == kNegInf ? 0.0f : expf(p[i] - m);
+      l += p[i];
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) *reinterpret_cast<uint32_t*>(ps + h * kPStride + 16 * c + i) = pack_bf16(p[i], p[i + 1]);
+  }
+  lpart[c][h] = l;
+}
+
+// Head h's l of the block: its four threads' sums in a fixed order.
+__device__ __forceinline__ float block_l(const float (*lpart)[kHeadTile], int h) {
+  return ((lpart[0][h] + lpart[1][h]) + lpart[2][h]) + lpart[3][h];
+}
+
+// The P fragments (A operand, heads 16 mt .. +16) of the block's 4 k16 steps.
+__device__ __forceinline__ void load_p_fragments(const __nv_bfloat16* ps, int mt, int g, int qd, uint32_t (&a)[4][4]) {
+  const __nv_bfloat16* pa = ps + (16 * mt + g) * kPStride + 2 * qd;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    a[ks][0] = lds32(pa + 16 * ks);
+    a[ks][1] = lds32(pa + 8 * kPStride + 16 * ks);
+    a[ks][2] = lds32(pa + 16 * ks + 8);
+    a[ks][3] = lds32(pa + 8 * kPStride + 16 * ks + 8);
+  }
+}
+
 // Kernel 2, grid (rows, head tiles x dim slices, blocks): part[r, h, blk] = (sum_j bf16(p_j) v_j [dh],
 // m, l), CTA (.., tile * slices + slice, ..) writing dims [slice x slice_dims, +slice_dims) and slice
 // 0 the (m, l) pair; every slice computes the tile's probabilities alike. blk_max holds the maxima of
@@ -341,48 +386,17 @@ __global__ void __launch_bounds__(kThreads)
   }
   // the slice's first dims; its first barrier publishes run_max
   stage_keys(keys, idx, r, len, blk, 0, kBlock, dh, d_first, min(slice_dims, kScoreCols), st, true, ids, vs);
-  {  // probabilities: thread (head t / 4, keys 16 (t % 4) .. +16)
-    const int h = threadIdx.x / 4, c = threadIdx.x % 4;
-    float l = 0.0f;
-    if (h < hn) {
-      const float m = run_max[h];
-      const float4* sp = reinterpret_cast<const float4*>(scores + (r * heads + h0 + h) * nblk * kBlock + blk * kBlock + 16 * c);
-      float s[16];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float4 v = sp[i];
-        s[4 * i] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
-      }
-      float p[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        p[i] = s[i] == kNegInf ? 0.0f : expf(s[i] - m);
-        l += p[i];
-      }
-#pragma unroll
-      for (int i = 0; i < 16; i += 2) *reinterpret_cast<uint32_t*>(ps + h * kPStride + 16 * c + i) = pack_bf16(p[i], p[i + 1]);
-    }
-    lpart[c][h] = l;
-  }
+  block_probabilities(scores, r, heads, h0, hn, nblk, blk, run_max, ps, lpart);
   __syncthreads();
   if (slice == 0 && threadIdx.x < hn) {
     float* pp = part + ((r * heads + h0 + threadIdx.x) * nblk + blk) * (dh + 2);
     pp[dh] = run_max[threadIdx.x];
-    pp[dh + 1] = ((lpart[0][threadIdx.x] + lpart[1][threadIdx.x]) + lpart[2][threadIdx.x]) + lpart[3][threadIdx.x];
+    pp[dh + 1] = block_l(lpart, threadIdx.x);
   }
   const int mt = warp % 4;
   const bool active = 16 * mt < hn;
   uint32_t a[4][4] = {};  // P fragments for the 4 k16 steps of the block's 64 keys
-  if (active) {
-    const __nv_bfloat16* pa = ps + (16 * mt + g) * kPStride + 2 * qd;
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      a[ks][0] = lds32(pa + 16 * ks);
-      a[ks][1] = lds32(pa + 8 * kPStride + 16 * ks);
-      a[ks][2] = lds32(pa + 16 * ks + 8);
-      a[ks][3] = lds32(pa + 8 * kPStride + 16 * ks + 8);
-    }
-  }
+  if (active) load_p_fragments(ps, mt, g, qd, a);
   const __nv_bfloat16* vrow = vs + (lane % 16) * st;  // ldmatrix row address of this lane (k = lane % 16)
   for (int col0 = d_first; col0 < d_last; col0 += kScoreCols) {
     const int cols = min(kScoreCols, d_last - col0);
@@ -467,33 +481,11 @@ __global__ void __launch_bounds__(kThreads)
     }
     // ids and the slice's values; its first barrier publishes run_max (and row_max)
     stage_keys(keys, idx, r, len, blk, 0, kBlock, dh, slice * S, S, st, true, ids, vs);
-    {  // probabilities, as attn_values_kernel: thread (head t / 4, keys 16 (t % 4) .. +16)
-      const int h = threadIdx.x / 4, c = threadIdx.x % 4;
-      float l = 0.0f;
-      if (h < hn) {
-        const float m = run_max[h];
-        const float4* sp = reinterpret_cast<const float4*>(scores + (r * heads + h0 + h) * nblk * kBlock + blk * kBlock + 16 * c);
-        float p[16];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float4 v = sp[i];
-          p[4 * i] = v.x, p[4 * i + 1] = v.y, p[4 * i + 2] = v.z, p[4 * i + 3] = v.w;
-        }
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          p[i] = p[i] == kNegInf ? 0.0f : expf(p[i] - m);
-          l += p[i];
-        }
-#pragma unroll
-        for (int i = 0; i < 16; i += 2) *reinterpret_cast<uint32_t*>(ps + h * kPStride + 16 * c + i) = pack_bf16(p[i], p[i + 1]);
-      }
-      lpart[c][h] = l;
-    }
+    block_probabilities(scores, r, heads, h0, hn, nblk, blk, run_max, ps, lpart);
     __syncthreads();
     if (threadIdx.x < hn) {
       const float w = expf(run_max[threadIdx.x] - row_max[threadIdx.x]);
-      const float l = ((lpart[0][threadIdx.x] + lpart[1][threadIdx.x]) + lpart[2][threadIdx.x]) + lpart[3][threadIdx.x];
-      l_sum = __fmaf_rn(l, w, l_sum);
+      l_sum = __fmaf_rn(block_l(lpart, threadIdx.x), w, l_sum);
     }
     if (!active) continue;
     float w[2];  // the block's weight e^(m_z - M) for heads g, g + 8 of the warp's tile
@@ -503,14 +495,7 @@ __global__ void __launch_bounds__(kThreads)
       w[half] = expf(run_max[h] - row_max[h]);
     }
     uint32_t a[4][4];
-    const __nv_bfloat16* pa = ps + (16 * mt + g) * kPStride + 2 * qd;
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      a[ks][0] = lds32(pa + 16 * ks);
-      a[ks][1] = lds32(pa + 8 * kPStride + 16 * ks);
-      a[ks][2] = lds32(pa + 16 * ks + 8);
-      a[ks][3] = lds32(pa + 8 * kPStride + 16 * ks + 8);
-    }
+    load_p_fragments(ps, mt, g, qd, a);
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
       float acc[4] = {};
