@@ -49,8 +49,7 @@ class Backend {
   // The CUDA backend's policy and audit: src/backend/cuda/batch_invariance.cuh.
   virtual void set_batch_invariant(bool on) { (void)on; }
   // Fast MXFP4 GEMMs (EngineOptions::fast_fp4_gemm): the CUDA backend sums the expert GEMMs' K blocks
-  // on the wgmma FP8 tensor cores (~14-bit block sums, as DeepGEMM) instead of exactly. It applies
-  // to the MXFP4 weights prepared after the call (each keeps the encoding of its GEMM path). The CPU
+  // on the wgmma FP8 tensor cores (~14-bit block sums, as DeepGEMM) instead of exactly. The CPU
   // backend ignores it.
   virtual void set_fast_fp4_gemm(bool on) { (void)on; }
 

@@ -26,9 +26,8 @@ MemInfo mem_info();
 
 // Prepares `w` on the CUDA backend from a synthetic fill instead of host bytes: allocates the same
 // device layout as CudaBackend::prepare (data bytes, then scale bytes) and generates the values in
-// device memory. `scale` is null for weights without scales; fast_fp4: MXFP4 encoded for the fast
-// GEMMs (Backend::set_fast_fp4_gemm). Returns the bytes allocated.
-int64_t prepare_synthetic(Weight& w, const synthetic::FillSpec& data, const synthetic::FillSpec* scale, bool fast_fp4);
+// device memory. `scale` is null for weights without scales. Returns the bytes allocated.
+int64_t prepare_synthetic(Weight& w, const synthetic::FillSpec& data, const synthetic::FillSpec* scale);
 
 // Hardware ceilings, measured now (median of `iters` after warm-up).
 struct Ceilings {

@@ -12,7 +12,7 @@ std::string name() { return ""; }
 void synchronize() {}
 void profiler_range(bool) {}
 MemInfo mem_info() { throw Error("device memory: this build has no CUDA backend"); }
-int64_t prepare_synthetic(Weight&, const synthetic::FillSpec&, const synthetic::FillSpec*, bool) {
+int64_t prepare_synthetic(Weight&, const synthetic::FillSpec&, const synthetic::FillSpec*) {
   throw Error("synthetic device weights: this build has no CUDA backend");
 }
 Ceilings measure_ceilings(int64_t, int64_t, int) { throw Error("device ceilings: this build has no CUDA backend"); }

@@ -79,7 +79,6 @@ struct Weight {
   int64_t scale_rows = 0;          // [scale_rows, scale_cols]: ceil(rows/32) for 32x32 blocks,
   int64_t scale_cols = 0;          // rows for FP4 experts and Engram tables (one per row per 32)
   std::shared_ptr<void> device;    // backend-private copy (e.g. on the GPU), may be empty
-  int device_layout = 0;           // backend-private variant of `device`'s layout (CUDA MXFP4: fp4::Encoding)
   bool present() const { return data != nullptr; }
 };
 

@@ -37,13 +37,13 @@ namespace {
 std::vector<int64_t> to_i64(const std::vector<int>& v) { return {v.begin(), v.end()}; }
 
 // Synthetic weights on the GPU: each weight is generated in device memory when the model binds it.
-ProfilingBackend::PrepareHook synthetic_device_hook(std::shared_ptr<const SyntheticWeights> weights, bool fast_fp4) {
-  return [weights, fast_fp4](Weight& w) -> int64_t {
+ProfilingBackend::PrepareHook synthetic_device_hook(std::shared_ptr<const SyntheticWeights> weights) {
+  return [weights](Weight& w) -> int64_t {
     const SyntheticTensor* data = weights->find(w.data);
     if (!data) return -1;
     const SyntheticTensor* scale = w.scale ? weights->find(w.scale) : nullptr;
     if (w.scale && !scale) throw Error("synthetic weight " + data->tensor.name + ": its scale is not synthetic");
-    return device::prepare_synthetic(w, data->fill, scale ? &scale->fill : nullptr, fast_fp4);
+    return device::prepare_synthetic(w, data->fill, scale ? &scale->fill : nullptr);
   };
 }
 
@@ -112,7 +112,7 @@ int cmd_bench(const Argv& argv) {
     SyntheticModel sm = make_synthetic_model(args.get("synthetic"), layers, o.seed,
                                              on_device ? SyntheticWeights::Placement::kDevice
                                                        : SyntheticWeights::Placement::kHost);
-    if (on_device) pb.set_prepare_hook(synthetic_device_hook(sm.weights, args.flag("fast-fp4-gemm")));
+    if (on_device) pb.set_prepare_hook(synthetic_device_hook(sm.weights));
     model = Model::load(std::move(sm.config), std::move(sm.checkpoint), pb, mo, &sm.engram_map);
     pb.set_prepare_hook({});
   } else {

@@ -4,12 +4,11 @@
 //  - linear kFp8Block / kFp4Expert: per element |d| <= 1 bf16 ulp of |want| + 2^-10 * sum_k |x_k w_k|,
 //    and relative L2 <= 4e-3 over the output. Both sides quantize the activation bit-exactly and
 //    scale / add the 32-wide K-block partials the same way, but the GPU sums each block partial on
-//    the tensor cores (two chained f16 MMAs: mma.sync for FP8 weights, wgmma for MXFP4; their internal
-//    accumulation keeps fewer bits than fp32, as the official reference's fp8_gemm on the same
-//    hardware) and may split K across CTAs: differences are fp32 rounding before the bf16 output
-//    rounding. Dropping or mis-scaling one K block, a wrong row or
+//    the FP8 tensor cores (whose internal accumulation keeps fewer bits than fp32, as the official
+//    reference's fp8_gemm on the same hardware) and may split K across CTAs: differences are fp32
+//    rounding before the bf16 output rounding. Dropping or mis-scaling one K block, a wrong row or
 //    token, exceeds both bounds. Mismatch counts are printed.
-//    With Backend::set_fast_fp4_gemm (MXFP4 block sums on E4M3 wgmma: every product truncated to 13
+//    With Backend::set_fast_fp4_gemm (MXFP4 block sums on wgmma: every product truncated to 13
 //    fractional bits below the block's largest, the sum to 14 significant bits) the per-element bound
 //    is 2^-8 * sum_k |x_k w_k| (32 truncations of up to 2^-13 of the largest product, + the sum's).
 //  - linear kBf16 and grouped_linear (fp32 sums in another order): per element

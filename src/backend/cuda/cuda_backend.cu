@@ -236,10 +236,7 @@ void CudaBackend::prepare(Weight& w) {
     DI_CUDA_CHECK(cudaMemcpy(staged + data, w.scale, scale, cudaMemcpyHostToDevice));
     const int64_t tiled = cuda::fp4::data_bytes(w.rows, w.cols) + cuda::fp4::scale_bytes(w.rows, w.cols);
     w.device = device_alloc(static_cast<size_t>(tiled));
-    // encoded for the GEMM path of the current mode (set_fast_fp4_gemm), which this weight keeps
-    const cuda::fp4::Encoding enc = fast_fp4_gemm_ ? cuda::fp4::Encoding::kE4m3 : cuda::fp4::Encoding::kF16;
-    cuda::fp4::tile(staged, staged + data, w.scale_cols, w.rows, w.cols, enc, static_cast<uint8_t*>(w.device.get()));
-    w.device_layout = static_cast<int>(enc);
+    cuda::fp4::tile(staged, staged + data, w.scale_cols, w.rows, w.cols, static_cast<uint8_t*>(w.device.get()));
     weight_bytes_ += tiled;
     return;  // the staging block returns to the cache in stream order, after the tiling kernels
   }

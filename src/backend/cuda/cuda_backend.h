@@ -117,7 +117,7 @@ class CudaBackend final : public Backend {
   int64_t weight_bytes_ = 0;
   std::unique_ptr<cuda::UploadCache> rope_uploads_;  // RoPE's positions and frequency tables
   bool batch_invariant_ = false;
-  bool fast_fp4_gemm_ = false;  // MXFP4 weights prepared for the E4M3 wgmma block sums (mma_gemm.cuh)
+  bool fast_fp4_gemm_ = false;  // MXFP4 block sums on wgmma (mma_gemm.cuh)
 };
 
 }  // namespace di

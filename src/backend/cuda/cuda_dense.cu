@@ -247,7 +247,7 @@ Tensor CudaBackend::linear(const Tensor& x, const Weight& w) {
   switch (w.mode) {
     case WeightMode::kFp8Block:
     case WeightMode::kFp4Expert:
-      cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_);
+      cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_);
       break;
     case WeightMode::kBf16:
     case WeightMode::kF32: {

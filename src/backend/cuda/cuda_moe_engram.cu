@@ -8,7 +8,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/dense_linear.cuh"
-#include "backend/cuda/fp4_layout.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/moe_kernels.cuh"
@@ -74,15 +73,14 @@ MoeRoute CudaBackend::moe_route(const Tensor& x, const Weight& gate, const Weigh
 namespace {
 
 // True when every routed expert is an MXFP4 SwiGLU expert of one shape (w1, w3 [inter, d], w2
-// [d, inter], per-row scales) and one encoding (fp4_layout.cuh): the grouped path's precondition.
+// [d, inter], per-row scales): the grouped path's precondition.
 bool uniform_fp4_experts(const std::vector<ExpertWeights>& experts, int64_t d) {
   if (experts.empty()) return false;
   const int64_t inter = experts[0].w1.rows;
   if (inter <= 0 || inter % 32 != 0 || d % 32 != 0) return false;
-  const int layout = experts[0].w1.device_layout;
-  auto ok = [layout](const Weight& w, int64_t rows, int64_t cols) {
+  auto ok = [](const Weight& w, int64_t rows, int64_t cols) {
     return w.mode == WeightMode::kFp4Expert && w.rows == rows && w.cols == cols && w.scale_cols == cols / 32 &&
-           (w.scale_rows == 0 || w.scale_rows == rows) && w.device != nullptr && w.device_layout == layout;
+           (w.scale_rows == 0 || w.scale_rows == rows) && w.device != nullptr;
   };
   for (const ExpertWeights& e : experts)
     if (!ok(e.w1, inter, d) || !ok(e.w3, inter, d) || !ok(e.w2, d, inter)) return false;
@@ -168,8 +166,7 @@ Tensor CudaBackend::moe_experts_grouped(const Tensor& x, const MoeRoute& route,
   // spread), not from S: a wider tile than its entries costs registers and pipeline depth on every
   // CTA, a narrower one only an extra pass (weights from L2) on the few experts past it.
   const int nt = dense::nt_for(std::min<int64_t>(s, 3 * ((n + n_exp - 1) / n_exp) + 4));
-  const bool fast = experts[0].w1.device_layout == static_cast<int>(fp4::Encoding::kE4m3);  // as encoded
-  const moe::GroupedSplitMode split_mode{batch_invariant_, std::min(n_exp, k), fast};
+  const moe::GroupedSplitMode split_mode{batch_invariant_, std::min(n_exp, k), fast_fp4_gemm_};
 
   // gate and up: [n, inter] each, rows in sorted-entry order
   float* gate = workspace_as<float>(Ws::kMoeGate, static_cast<size_t>(n * inter));

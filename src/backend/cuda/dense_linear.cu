@@ -28,7 +28,6 @@
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/dense_linear.cuh"
 #include "backend/cuda/dense_scratch.cuh"
-#include "backend/cuda/fp4_layout.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/pdl_launch.cuh"
@@ -411,7 +410,7 @@ int nt_for(int64_t tokens) {
   return 8;
 }
 
-void quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool invariant) {
+void quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool invariant, bool fast_fp4) {
   DI_CHECK(w.mode == WeightMode::kFp8Block || w.mode == WeightMode::kFp4Expert);
   const int64_t K = w.cols, N = w.rows;
   DI_CHECK_MSG(K % 32 == 0, "FP8 linear needs K divisible by 32");
@@ -419,7 +418,7 @@ void quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool
   if (S == 0 || N == 0) return;
   if (w.mode == WeightMode::kFp8Block)
     launch_quantized_nt<mma::WFmt::kFp8Block, false>(nt_for(S), x, S, w, y, invariant);
-  else if (w.device_layout == static_cast<int>(fp4::Encoding::kE4m3))  // prepared for the fast GEMMs
+  else if (fast_fp4)
     launch_quantized_nt<mma::WFmt::kFp4Row, true>(nt_for(S), x, S, w, y, invariant);
   else
     launch_quantized_nt<mma::WFmt::kFp4Row, false>(nt_for(S), x, S, w, y, invariant);

@@ -13,9 +13,10 @@ namespace di::cuda::dense {
 // FP8-quantized per 32 (bit-exact with quant::fp8_ue8m0_quant), per-K-block partial x act scale x
 // weight scale added in fp32, bf16 out. Block partials come from the FP8 tensor cores, so the result
 // equals the CPU's to fp32 rounding (not bit for bit). No allocation per call (persistent workspace).
-// invariant: K split chosen without the row count (batch_invariance.cuh). An MXFP4 weight takes the
-// GEMM path it was encoded for (w.device_layout: exact f16 or fast E4M3 block sums, mma_gemm.cuh).
-void quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, bool invariant = false);
+// invariant: K split chosen without the row count (batch_invariance.cuh). fast_fp4: MXFP4 block sums on
+// the wgmma tensor cores (~14-bit sums, mma_gemm.cuh; EngineOptions::fast_fp4_gemm).
+void quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, bool invariant = false,
+                      bool fast_fp4 = false);
 
 // The activation quantizer of quantized_linear: codes [rows, K] E4M3, scales [rows, K/32] as floats.
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);

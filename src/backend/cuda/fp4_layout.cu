@@ -10,10 +10,10 @@ namespace {
 // Row of tile T, lane group g, word j (2 mt + h).
 __device__ __forceinline__ int64_t tile_row(int64_t t, int g, int j) { return 32 * t + 16 * (j >> 1) + 8 * (j & 1) + g; }
 
-// 8 E2M1 codes (nibble i = code i) -> the kE4m3 word of fp4_layout.cuh: byte i holds code i as an
-// E4M3 byte of 2^-6 times its value (magnitude bits at 2-4, sign at 7) and code 4 + i in the other
-// bits (m0 at 0, e0 at 1, sign at 5, e1 at 6), so mma::fp4_lo / fp4_hi recover both with a few ops.
-__device__ __forceinline__ uint32_t encode_e4m3(uint32_t codes) {
+// 8 E2M1 codes (nibble i = code i) -> the word of fp4_layout.cuh: byte i holds code i as an E4M3
+// byte of 2^-6 times its value (magnitude bits at 2-4, sign at 7) and code 4 + i in the other bits
+// (m0 at 0, e0 at 1, sign at 5, e1 at 6), so mma::fp4_lo / fp4_hi recover both with a few logic ops.
+__device__ __forceinline__ uint32_t encode_codes(uint32_t codes) {
   uint32_t out = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -24,22 +24,9 @@ __device__ __forceinline__ uint32_t encode_e4m3(uint32_t codes) {
   return out;
 }
 
-// -> the kF16 word: code i's three magnitude bits start at bit kMag[i], its sign at kSign[i], where
-// mma::fp4_f16 moves them to f16 bits 9-11 and 15 (low half) or 25-27 and 31 (high half).
-__device__ __forceinline__ uint32_t encode_f16(uint32_t codes) {
-  constexpr int kMag[8] = {9, 25, 0, 16, 6, 22, 3, 19}, kSign[8] = {15, 31, 14, 30, 12, 28, 13, 29};
-  uint32_t out = 0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t c = (codes >> (4 * i)) & 15u;
-    out |= ((c & 7u) << kMag[i]) | ((c >> 3) << kSign[i]);
-  }
-  return out;
-}
-
 // One thread per 4-byte data word of the tiled layout.
 __global__ void tile_data_kernel(const uint8_t* __restrict__ src, int64_t rows, int64_t cols, int64_t words,
-                                 Encoding enc, uint32_t* __restrict__ dst) {
+                                 uint32_t* __restrict__ dst) {
   const int64_t nb = cols / 32;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -47,7 +34,7 @@ __global__ void tile_data_kernel(const uint8_t* __restrict__ src, int64_t rows, 
     const int64_t tkb = i / 128, t = tkb / nb, kb = tkb % nb;
     const int64_t r = tile_row(t, lane / 4, j);
     const uint32_t codes = r < rows ? *reinterpret_cast<const uint32_t*>(src + r * (cols / 2) + kb * 16 + 4 * (lane % 4)) : 0u;
-    dst[i] = enc == Encoding::kF16 ? encode_f16(codes) : encode_e4m3(codes);
+    dst[i] = encode_codes(codes);
   }
 }
 
@@ -68,12 +55,11 @@ int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>(blocks_for(n
 
 }  // namespace
 
-void tile(const uint8_t* data, const uint8_t* scales, int64_t scale_cols, int64_t rows, int64_t cols, Encoding enc,
-          uint8_t* dst) {
+void tile(const uint8_t* data, const uint8_t* scales, int64_t scale_cols, int64_t rows, int64_t cols, uint8_t* dst) {
   DI_CHECK_MSG(cols % 32 == 0 && scale_cols >= cols / 32, "MXFP4 weight: columns must be a multiple of 32");
   const int64_t words = data_bytes(rows, cols) / 4, sb = scale_bytes(rows, cols);
   if (words == 0) return;
-  tile_data_kernel<<<grid_for(words), 256>>>(data, rows, cols, words, enc, reinterpret_cast<uint32_t*>(dst));
+  tile_data_kernel<<<grid_for(words), 256>>>(data, rows, cols, words, reinterpret_cast<uint32_t*>(dst));
   DI_CUDA_LAUNCH_CHECK();
   tile_scale_kernel<<<grid_for(sb), 256>>>(scales, scale_cols, rows, cols, sb, dst + data_bytes(rows, cols));
   DI_CUDA_LAUNCH_CHECK();

@@ -1,37 +1,34 @@
-// Warp tiles of the quantized GEMMs (dense decode linear, grouped MoE experts) on the tensor cores,
-// one MMA per 32-wide K block whose partial is scaled by the activation and weight E8M0 scales and
-// added to an fp32 accumulator on the CUDA cores (the structure of the reference's fp8_gemm /
+// Warp tiles of the quantized GEMMs (dense decode linear, grouped MoE experts) on the FP8 tensor
+// cores, one MMA per 32-wide K block whose partial is scaled by the activation and weight E8M0 scales
+// and added to an fp32 accumulator on the CUDA cores (the structure of the reference's fp8_gemm /
 // fp4_gemm and of CpuBackend::linear):
-//  - FP8 weights: mma.sync m16n8k32 e4m3, which sm_90 runs as operand conversions and two f16 HMMAs:
-//    the block sums of the exact products in fp32, so results equal the CPU's to rounding.
-//  - MXFP4 weights, exact (the default): the same two f16 sums on wgmma (HGMMA m64nNk16, wgmma.cuh),
-//    the weight widened to f16 in registers and the activation staged as f16: the bits of the
-//    mma.sync path without its conversions and zero adds, which bound the grouped MoE kernel.
-//  - MXFP4 weights, fast (kFast: EngineOptions::fast_fp4_gemm): wgmma m64nNk32 e4m3, native on
-//    sm_90 and fewer instructions still, but the FP8 tensor core truncates a block's products to 13
-//    fractional bits below the largest and its sum to 14 significant bits (as in DeepGEMM's FP8
-//    GEMMs, which add 4 blocks per sum), so a block partial differs from the exact one by up to ~2^-13
-//    relative.
+//  - exact (the default): mma.sync m16n8k32 e4m3, which sm_90 runs as operand conversions and two
+//    f16 HMMAs: the block sums of the exact products in fp32, so results equal the CPU's to rounding.
+//  - fast (kFast, MXFP4 weights only: EngineOptions::fast_fp4_gemm): wgmma m64nNk32 e4m3 (wgmma.cuh),
+//    native on sm_90 -- no conversions and no zero adds, which bound the grouped MoE kernel (~60 instead
+//    of ~105 instructions per K block, bench/RESULTS.md). The FP8 tensor core truncates a block's
+//    products to 13 fractional bits below the largest and its sum to 14 significant bits (as in
+//    DeepGEMM's FP8 GEMMs, which add 4 blocks per sum), so a block partial differs from the exact one
+//    by up to ~2^-13 relative.
 //
-// Swap-AB: the weight is the MMA's A operand (output features x K, from registers), the activation
-// its B operand (8 NT tokens x K, from shared memory), so one weight byte serves up to 8 * NT tokens.
-// A warp owns 32 output features (two m16 tiles; for wgmma, its two 16-row slices of the CTA's two m64
-// MMAs; one FP8 scale row block) and the CTA's four warps (one warpgroup) share the activation,
-// staged in shared memory (and quantized there for small batches); each warp streams its weight rows
-// through a two-stage register pipeline.
+// Swap-AB: the weight is the MMA's A operand (output features x 32 K, from registers), the
+// activation its B operand (8 NT tokens x 32 K, from shared memory), so one weight byte serves up
+// to 8 * NT tokens. A warp owns 32 output features (two m16 tiles; for wgmma, its two 16-row slices
+// of the CTA's two m64 MMAs; one FP8 scale row block) and the CTA's four warps (one warpgroup) share
+// the activation, staged in shared memory (and quantized there for small batches); each warp streams
+// its weight rows through a two-stage register pipeline.
 //
-// K permutation: lane (g = lane / 4, q = lane % 4) feeds the MMAs with the physical K bytes / codes
-// [8q, 8q + 8) of its rows. The sum over a K block does not depend on which MMA k slot a value
+// K permutation: lane (g = lane / 4, q = lane % 4) feeds the MMA with the physical K bytes
+// [8q, 8q + 8) of its rows (first 4 bytes in fragment register 0 / 1, logical k 4q.., the next 4 in
+// 2 / 3, logical k 16 + 4q..). The sum over a K block does not depend on which MMA k slot a byte
 // occupies, as long as weight and activation use the same assignment, so every lane reads 8
-// contiguous bytes of an FP8 weight row (one 8-byte load; 4 lanes cover a row's 32-byte sector) and
-// one word of 8 codes of an MXFP4 row; the activation is staged in the matching order (for mma.sync
-// and E4M3 wgmma, the first 4 in fragment register 0 / 1, logical k 4q.., the next 4 in 2 / 3,
-// logical k 16 + 4q..; for f16, b16_pair_offset).
+// contiguous bytes of a weight row (one 8-byte load; 4 lanes cover a row's 32-byte sector); the
+// activation is staged in that logical order (b_word_offset).
 //
-// MXFP4 weights (E2M1, per-row-per-32 E8M0 scales) are widened in registers (every E2M1 value is
-// exact in f16 and E4M3). They are stored tiled and re-encoded for the path (fp4_layout.cuh): a
-// lane's 4 rows of a K block are one 16-byte load, its scales of 4 blocks another, and a row's word
-// gives its codes in a few integer ops (fp4_f16; fp4_lo / fp4_hi).
+// MXFP4 weights (E2M1, per-row-per-32 E8M0 scales) are widened to E4M3 in registers (every E2M1
+// value is exact in E4M3). They are stored tiled and re-encoded (fp4_layout.cuh): a lane's 4 rows of
+// a K block are one 16-byte load, its scales of 4 blocks another, and a row's word gives its 8 codes
+// as E4M3 bytes in a few logic ops (fp4_lo / fp4_hi).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -84,26 +81,12 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// A tiled kE4m3 MXFP4 word (fp4_layout.cuh) -> the E4M3 bytes of its first / last four codes, each 2^-6
+// A tiled MXFP4 word (fp4_layout.cuh) -> the E4M3 bytes of its first / last four codes, each 2^-6
 // times the code's value (E2M1 magnitude bits e1 e0 m0 at E4M3 bits 4 3 2: exact for every code,
 // subnormals included). They run for every weight word, so their op count is the MoE kernel's.
 __device__ __forceinline__ uint32_t fp4_lo(uint32_t w) { return w & 0x9C9C9C9Cu; }
 __device__ __forceinline__ uint32_t fp4_hi(uint32_t w) { return ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u); }
 inline constexpr float kFp4CodeScale = 64.0f;  // the activation scales of MXFP4 tiles absorb the 2^-6
-
-// A tiled kF16 MXFP4 word (fp4_layout.cuh) -> an f16x2 of 2^-14 times two of its codes (E2M1 magnitude
-// at f16 bits 9-11, sign at 15: subnormal for 0.5, exact for all): R = 0 (c0, c1), 1 (c4, c5),
-// 2 (c2, c3), 3 (c6, c7). 1, 2, 3 and 3 ops: the products by 514 and 68 add two shifted copies of the
-// masked bits that do not overlap (no carries).
-template <int R>
-__device__ __forceinline__ uint32_t fp4_f16(uint32_t w) {
-  constexpr uint32_t kBits = 0x8E008E00u;  // sign and magnitude bits of both halves
-  if constexpr (R == 0) return w & kBits;
-  else if constexpr (R == 1) return (w << 3) & kBits;
-  else if constexpr (R == 2) return ((w & 0x40074007u) * 514u) & kBits;  // signs << 1, magnitudes << 9
-  else return ((w & 0x20382038u) * 68u) & kBits;                          // signs << 2, magnitudes << 6
-}
-inline constexpr float kFp4F16CodeScale = 16384.0f;  // ... and 2^-14 for the f16 path
 
 // The E8M0 scale in byte b of a packed word (b is a constant after unrolling), as a float: byte << 23,
 // a shift and a mask instead of the byte extraction and the two compare-selects of e8m0_to_float (the
@@ -151,44 +134,27 @@ __device__ __forceinline__ void warp_rows(const uint8_t* w, int row0, int N, int
 
 // Per token-tile width: K blocks of activation staged in shared memory at a time, and K blocks of
 // weight per register pipeline stage (two stages: the next one loads while this one computes). The
-// staged activation: for mma.sync (FP8 weights), E4M3 token rows in physical K order (row stride = 32
-// mod 128 bytes, so a warp's 8-byte B-fragment reads are conflict-free); for wgmma (MXFP4), each K
-// block in its B layout: E4M3 (fast, b_word_offset) or f16 (exact, twice the bytes, half the chunk:
-// b16_pair_offset).
+// staged codes: for mma.sync, token rows in physical K order (row stride = 32 mod 128 bytes, so a
+// warp's 8-byte B-fragment reads are conflict-free); for wgmma, kBlockBytes per K block in its B
+// layout (b_word_offset).
 template <int NT>
 struct TileShape {
   static constexpr int kChunk = NT <= 2 ? 64 : (NT == 4 ? 32 : 16);
-  static constexpr int kChunkF16 = 64 / NT;
   static constexpr int kRows = 8 * NT;
   static constexpr int kCodeStride = kChunk * 32 + 32;
-  static constexpr int kBlockBytes = 32 * kRows;  // E4M3: [NT groups][2 K halves][8 tokens][16 bytes]
-  static constexpr int kBlockBytesF16 = 64 * kRows;  // f16: [2 MMAs][NT groups][2 K halves][8 tokens][16 bytes]
+  static constexpr int kBlockBytes = 32 * kRows;  // [NT groups][2 K halves][8 tokens][16 bytes]
   static constexpr int kScaleStride = kChunk + 1;
 };
-// wgmma E4M3 B layout, within one staged K block: the byte offset of physical K word pw (bytes 4 pw ..
+// wgmma B layout, within one staged K block: the byte offset of physical K word pw (bytes 4 pw ..
 // 4 pw + 3, pw < 8) of token t. Logical word pw / 2 + 4 (pw % 2) (the K permutation above): half
 // pw % 2, bytes 4 (pw / 2) of the token's 16-byte core-matrix row; 8-token groups 256 bytes apart.
 __device__ __forceinline__ int b_word_offset(int t, int pw) {
   return (t >> 3) * 256 + (pw & 1) * 128 + (t & 7) * 16 + (pw >> 1) * 4;
 }
-// wgmma f16 B layout, within one staged K block of an NT-group tile: the byte offset of the f16 pair
-// of physical K word pw's bytes 2h, 2h + 1 of token t -- K slots 2q, 2q + 1 (q = pw / 2) of core
-// matrix pw % 2 of k16 MMA h. MMA 0 sums physical k 8q + {0, 1, 4, 5}, MMA 1 8q + {2, 3, 6, 7} (q <
-// 4), into MMA 0's result: the two f16 HMMAs of ptxas's e4m3 mma.sync, in their order.
-__device__ __forceinline__ int b16_pair_offset(int t, int pw, int h, int nt) {
-  return h * 256 * nt + b_word_offset(t, pw);
-}
-inline constexpr uint32_t kBHalfBytes = 128;   // wgmma descriptor LBO: the two 16-byte halves of an MMA's K
+inline constexpr uint32_t kBHalfBytes = 128;   // wgmma descriptor LBO: the K block's two 16-byte halves
 inline constexpr uint32_t kBGroupBytes = 256;  // SBO: 8-token groups
 template <WFmt F, int NT>
 inline constexpr int kStageBlocks = F == WFmt::kFp8Block ? (NT <= 2 ? 4 : 2) : (NT <= 2 ? 8 : 4);
-
-// Two E4M3 codes (the low 16 bits of v) as an f16x2, exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  uint32_t r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(static_cast<uint16_t>(v)));
-  return r;
-}
 
 // The tile's activation: pre-quantized E4M3 codes [*, K] and scales [*, K/32] (xc, xs), or fp32 rows
 // (x) that the tile quantizes itself while staging (bit-exact with dense::quantize_activation).
@@ -203,37 +169,30 @@ struct ActSource {
 // activation chunk by chunk with __syncthreads). Per warp: acc[mt][nt][i] is output feature
 // row0 + 16 mt + g (+8 for i >= 2) and token nt*8 + 2q + (i & 1). w: FP8 codes, row-major [N, K],
 // with E8M0 scales [ceil(N/32), scale_cols] at wscale; or MXFP4 in the tiled layout of
-// fp4_layout.cuh, encoded for kFast (data at w, scales at wscale; scale_cols unused). row0 is a
-// multiple of 32.
+// fp4_layout.cuh (data at w, scales at wscale; scale_cols unused). row0 is a multiple of 32.
 //
 // Latency: the weight words and their E8M0 scales of the next U K blocks load while the current U
 // compute (nothing in the compute loop waits on global memory); a chunk's activation is staged with
-// cp.async (one wait per chunk), with 16-byte loads 8 at a time widened to f16, or, for fp32 rows,
-// quantized from loads issued 8 blocks at a time.
-// MXFP4 (wgmma): each K block is one E4M3 wgmma (fast) or two chained f16 wgmmas (exact) per 64-row
-// slice into fresh accumulators, waited for before its scaled add (the per-block scales forbid
-// accumulating across blocks in the tensor core); all N = 8 NT columns are multiplied, those of
-// padding groups past `count` hold stale values and are dropped.
+// cp.async (one wait per chunk) or, for fp32 rows, quantized from loads issued 8 blocks at a time.
+// kWg: each K block is one wgmma per 64-row slice into fresh accumulators, waited for before its
+// scaled add (the per-block scales forbid accumulating across blocks in the tensor core); all N = 8 NT
+// columns are multiplied, those of padding groups past `count` hold stale values and are dropped.
 template <WFmt F, int NT, bool kFast, class ActRow>
 __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const uint8_t* __restrict__ wscale,
                                          int64_t scale_cols, int N, int K, int row0, int kb0, int kb1,
                                          const ActSource& src, int count, const ActRow& act_row,
                                          float (&acc)[2][NT][4]) {
   using Shape = TileShape<NT>;
-  constexpr bool kFp8 = F == WFmt::kFp8Block;
-  constexpr bool kWg = !kFp8;            // MXFP4: wgmma block sums
-  constexpr bool kF16 = kWg && !kFast;   // exact: f16 wgmma; fast: E4M3 wgmma
-  constexpr int C = kF16 ? Shape::kChunkF16 : Shape::kChunk, S = Shape::kCodeStride, SS = Shape::kScaleStride;
-  constexpr int BB = kF16 ? Shape::kBlockBytesF16 : Shape::kBlockBytes;
+  constexpr int C = Shape::kChunk, S = Shape::kCodeStride, BB = Shape::kBlockBytes, SS = Shape::kScaleStride;
   constexpr int U = kStageBlocks<F, NT>;
+  constexpr bool kFp8 = F == WFmt::kFp8Block;
+  constexpr bool kWg = kFast && !kFp8;  // wgmma block sums (MXFP4 only)
   constexpr int W = kFp8 ? 2 : 1;  // 32-bit weight words per (block, row) per lane
-  constexpr float kCodeScale = kFp8 ? 1.0f : (kF16 ? kFp4F16CodeScale : kFp4CodeScale);
   // scale registers per stage, U either way: FP8 one byte per block (the warp's 32-row block), one per
   // register; FP4 the U bytes of each of the lane's 4 rows, packed 4 to a register
   constexpr int SW = U;
   static_assert(kFp8 || U % 4 == 0, "FP4 stages hold whole scale words");
-  static_assert(C % U == 0, "a chunk holds whole pipeline stages");
-  // staged activation: kWg [chunk block][B layout], else [token][chunk block][32]
+  // staged codes: kWg [chunk block][wgmma B layout] (b_word_offset), else [token][chunk block][32]
   __shared__ alignas(kWg ? 128 : 16) uint8_t sx[kWg ? C * BB : Shape::kRows * S];
   __shared__ float ss[Shape::kRows * SS];
   __shared__ int32_t srow[Shape::kRows];  // activation row of each tile token, -1 for padding
@@ -266,7 +225,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
       for (int u = 0; u < U; ++u) sc[u] = kb + u < kb1 ? __ldg(s8 + kb + u) : 0u;
     } else {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {  // word 2 mt + h: row 16 mt + 8 h + g, codes 8q .. 8q+7
+      for (int u = 0; u < U; ++u) {  // word 2 mt + h: row 16 mt + 8 h + g, bytes 4q .. 4q+3
         const uint4 v = kb + u < kb1 ? ld_stream16(w4 + static_cast<int64_t>(kb + u) * 512) : make_uint4(0u, 0u, 0u, 0u);
         a[u][0][0][0] = v.x, a[u][0][1][0] = v.y, a[u][1][0][0] = v.z, a[u][1][1][0] = v.w;
       }
@@ -278,12 +237,6 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
       }
     }
   };
-  // kWg: the 16-byte core-matrix row `piece` of token r in staged block c (E4M3: 2 pieces, the K
-  // halves; f16: 4, MMA piece / 2's K halves)
-  const auto piece_offset = [](int r, int c, int piece) {
-    return c * BB + (kF16 ? b16_pair_offset(r, piece & 1, piece >> 1, NT) : b_word_offset(r, piece));
-  };
-  constexpr int kPieces = kF16 ? 4 : 2;  // 16-byte pieces per (token, K block)
   if (threadIdx.x < rows_pad) srow[threadIdx.x] = threadIdx.x < count ? act_row(threadIdx.x) : -1;
   uint32_t cur[U][2][2][W], nxt[U][2][2][W] = {};
   uint32_t cur_s[SW], nxt_s[SW] = {};
@@ -293,9 +246,10 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
     const int nkc = min(C, kb1 - kc);
     __syncthreads();  // the previous chunk's readers are done (and srow is written)
     // padding tokens: zero codes and scales
-    for (int i = threadIdx.x; i < (rows_pad - count) * nkc * kPieces; i += kThreads) {  // 16-byte pieces
-      const int r = count + i / (kPieces * nkc), cp = i % (kPieces * nkc);
-      const int at = kWg ? piece_offset(r, cp / kPieces, cp % kPieces) : r * S + cp * 16;
+    for (int i = threadIdx.x; i < (rows_pad - count) * nkc * 2; i += kThreads) {  // 16-byte pieces
+      const int r = count + i / (2 * nkc), c16 = i % (2 * nkc);
+      // kWg: block c16 / 2's core-matrix row of K half c16 % 2 (b_word_offset of word c16 % 2)
+      const int at = kWg ? c16 / 2 * BB + b_word_offset(r, c16 % 2) : r * S + c16 * 16;
       *reinterpret_cast<uint4*>(sx + at) = make_uint4(0u, 0u, 0u, 0u);
     }
     for (int i = threadIdx.x; i < (rows_pad - count) * nkc; i += kThreads) ss[(count + i / nkc) * SS + i % nkc] = 0.0f;
@@ -315,46 +269,13 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
           if (b >= blocks) break;  // warp-uniform
           const int r = b / nkc, c = b - r * nkc;
           const int e = dq::round_scale_exponent(dq::group_amax<32>(v[j], dq::kFp8AmaxFloor), dq::kFp8MaxInv);
-          const uint8_t code = dq::fp8_code(v[j], dq::scale_from_exponent(e));
-          if constexpr (kF16) {  // physical k = lane: word lane / 4, byte lane % 4
-            const int at = c * BB + b16_pair_offset(r, lane >> 2, (lane >> 1) & 1, NT) + 2 * (lane & 1);
-            *reinterpret_cast<uint16_t*>(sx + at) = static_cast<uint16_t>(e4m3x2_to_f16x2(code));
-          } else {
-            sx[kWg ? c * BB + b_word_offset(r, lane >> 2) + (lane & 3) : r * S + c * 32 + lane] = code;
-          }
-          if (lane == 0) ss[r * SS + c] = e8m0_to_float(dq::e8m0_byte(e)) * kCodeScale;
+          const int at = kWg ? c * BB + b_word_offset(r, lane >> 2) + (lane & 3) : r * S + c * 32 + lane;
+          sx[at] = dq::fp8_code(v[j], dq::scale_from_exponent(e));
+          if (lane == 0) ss[r * SS + c] = e8m0_to_float(dq::e8m0_byte(e)) * (kFp8 ? 1.0f : kFp4CodeScale);
         }
       }
     } else {
-      if constexpr (kF16) {  // 16-byte loads (physical words 4j .. 4j + 3), 8 in flight, widened to f16
-        constexpr int kBatch = 8;
-        const int pieces = count * nkc * 2;
-        for (int i0 = threadIdx.x; i0 < pieces; i0 += kThreads * kBatch) {
-          uint4 v[kBatch];
-#pragma unroll
-          for (int j = 0; j < kBatch; ++j) {
-            const int i = i0 + j * kThreads, r = i / (2 * nkc), c16 = i - r * 2 * nkc;
-            v[j] = i < pieces ? __ldg(reinterpret_cast<const uint4*>(src.xc + static_cast<int64_t>(srow[r]) * K +
-                                                                     (kc + c16 / 2) * 32 + (c16 & 1) * 16))
-                              : make_uint4(0u, 0u, 0u, 0u);
-          }
-#pragma unroll
-          for (int j = 0; j < kBatch; ++j) {
-            const int i = i0 + j * kThreads, r = i / (2 * nkc), c16 = i - r * 2 * nkc;
-            if (i >= pieces) break;
-            const int pw = 4 * (c16 & 1);  // words pw, pw + 2 are pairs 2 (c16 & 1), +1 of core 0; pw + 1, pw + 3 of core 1
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int sh = 16 * h;
-              uint8_t* base = sx + (c16 / 2) * BB;
-              *reinterpret_cast<uint2*>(base + b16_pair_offset(r, pw, h, NT)) =
-                  make_uint2(e4m3x2_to_f16x2(v[j].x >> sh), e4m3x2_to_f16x2(v[j].z >> sh));
-              *reinterpret_cast<uint2*>(base + b16_pair_offset(r, pw + 1, h, NT)) =
-                  make_uint2(e4m3x2_to_f16x2(v[j].y >> sh), e4m3x2_to_f16x2(v[j].w >> sh));
-            }
-          }
-        }
-      } else if constexpr (kWg) {
+      if constexpr (kWg) {
         for (int i = threadIdx.x; i < count * nkc * 8; i += kThreads) {  // 4-byte words: the K permutation
           const int r = i / (8 * nkc), c = i % (8 * nkc) / 8, pw = i % 8;
           cp_async4(sx + c * BB + b_word_offset(r, pw),
@@ -374,7 +295,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
       if constexpr (!kFp8)  // each thread its own copies: they are complete and visible to it
         for (int i = threadIdx.x; i < count * nkc; i += kThreads) {
           const int r = i / nkc, c = i - r * nkc;
-          ss[r * SS + c] *= kCodeScale;
+          ss[r * SS + c] *= kFp4CodeScale;
         }
     }
     if constexpr (kWg) wg::fence_async_smem();  // the staged codes are read by wgmma (the async proxy)
@@ -400,6 +321,21 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
             for (int h = 0; h < 2; ++h)
               ws[mt][h] = e8m0_byte_to_float(cur_s[(mt * 2 + h) * (U / 4) + u / 4], u % 4);
         }
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          if constexpr (kFp8) {
+            a[mt][0] = cur[u][mt][0][0];
+            a[mt][1] = cur[u][mt][1][0];
+            a[mt][2] = cur[u][mt][0][W - 1];
+            a[mt][3] = cur[u][mt][1][W - 1];
+          } else {  // 8 codes of the lane's row: the first 4 feed register 0 / 1, the last 4 register 2 / 3
+            a[mt][0] = fp4_lo(cur[u][mt][0][0]);
+            a[mt][1] = fp4_lo(cur[u][mt][1][0]);
+            a[mt][2] = fp4_hi(cur[u][mt][0][0]);
+            a[mt][3] = fp4_hi(cur[u][mt][1][0]);
+          }
+        }
         // acc += partial p[mt][i] * (act scale * weight scale) for token tile nt: both powers of two, so
         // this is the CPU's (partial * xs) * ws unless an intermediate leaves the normal range
         const auto scale_add = [&](int nt, int mt, const float (&p)[4], float s0, float s1) {
@@ -408,15 +344,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
           acc[mt][nt][2] = fmaf(p[2], s0 * ws[mt][1], acc[mt][nt][2]);
           acc[mt][nt][3] = fmaf(p[3], s1 * ws[mt][1], acc[mt][nt][3]);
         };
-        if constexpr (kFp8) {  // one mma.sync per (m16, n8) tile: exact block sums
-          uint32_t a[2][4];
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            a[mt][0] = cur[u][mt][0][0];
-            a[mt][1] = cur[u][mt][1][0];
-            a[mt][2] = cur[u][mt][0][W - 1];
-            a[mt][3] = cur[u][mt][1][W - 1];
-          }
+        if constexpr (!kWg) {  // one mma.sync per (m16, n8) tile: exact block sums
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             if (nt >= nt_active) break;
@@ -429,38 +357,11 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
               scale_add(nt, mt, p, s0, s1);
             }
           }
-        } else {  // per 64-row slice: one E4M3 wgmma or two chained f16 wgmmas, all 8 NT tokens
-          const uint8_t* blk = sx + (k - kc) * BB;
+        } else {  // one wgmma per 64-row slice, all 8 NT tokens
+          const uint64_t bdesc = wg::desc(sx + (k - kc) * BB, kBHalfBytes, kBGroupBytes);
           wg::fence();  // a[] and d[] were written / read by this thread since the last wgmma
-          if constexpr (kF16) {
-            const uint64_t b0 = wg::desc(blk, kBHalfBytes, kBGroupBytes);
-            const uint64_t b1 = wg::desc(blk + 256 * NT, kBHalfBytes, kBGroupBytes);
-            uint32_t a[2][2][4];  // [MMA][mt]: rows g, g + 8 of K slots 2q, 2q + 1, then 2q + 8, 2q + 9
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              const uint32_t lo = cur[u][mt][0][0], hi = cur[u][mt][1][0];
-              a[0][mt][0] = fp4_f16<0>(lo), a[0][mt][1] = fp4_f16<0>(hi);
-              a[0][mt][2] = fp4_f16<1>(lo), a[0][mt][3] = fp4_f16<1>(hi);
-              a[1][mt][0] = fp4_f16<2>(lo), a[1][mt][1] = fp4_f16<2>(hi);
-              a[1][mt][2] = fp4_f16<3>(lo), a[1][mt][3] = fp4_f16<3>(hi);
-            }
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) wg::mma_f16<8 * NT, false>(d[mt], a[0][mt], b0);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) wg::mma_f16<8 * NT, true>(d[mt], a[1][mt], b1);
-          } else {
-            uint32_t a[2][4];  // 8 codes of the lane's row: the first 4 feed register 0 / 1, the last 4 register 2 / 3
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              a[mt][0] = fp4_lo(cur[u][mt][0][0]);
-              a[mt][1] = fp4_lo(cur[u][mt][1][0]);
-              a[mt][2] = fp4_hi(cur[u][mt][0][0]);
-              a[mt][3] = fp4_hi(cur[u][mt][1][0]);
-            }
-            const uint64_t bdesc = wg::desc(blk, kBHalfBytes, kBGroupBytes);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) wg::mma_e4m3<8 * NT>(d[mt], a[mt], bdesc);
-          }
+          for (int mt = 0; mt < 2; ++mt) wg::mma_e4m3<8 * NT>(d[mt], a[mt], bdesc);
           wg::commit();
           wg::wait<0>();
 #pragma unroll

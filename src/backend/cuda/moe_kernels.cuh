@@ -79,7 +79,7 @@ struct GroupedArgs {
 struct GroupedSplitMode {
   bool invariant = false;
   int64_t one_row_slots = 1;
-  bool fast = false;  // E4M3 wgmma block sums: the weights are encoded for them (fp4_layout.cuh, mma_gemm.cuh)
+  bool fast = false;  // block sums on wgmma (EngineOptions::fast_fp4_gemm, mma_gemm.cuh)
 };
 // slots: grid z (the most experts that can be active); nt: n8 token tiles per warp. K is split across
 // CTAs while they fit in one wave (partials and counters in the persistent workspace).

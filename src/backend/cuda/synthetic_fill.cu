@@ -39,7 +39,7 @@ void* device_malloc(size_t bytes) {
 
 }  // namespace
 
-int64_t prepare_synthetic(Weight& w, const synthetic::FillSpec& data, const synthetic::FillSpec* scale, bool fast_fp4) {
+int64_t prepare_synthetic(Weight& w, const synthetic::FillSpec& data, const synthetic::FillSpec* scale) {
   // The layout CudaBackend::prepare uploads: [data bytes | scale bytes] in one allocation; MXFP4 is
   // filled row-major into a scratch block, then tiled (fp4_layout.cuh).
   const bool fp4 = w.mode == WeightMode::kFp4Expert;
@@ -73,9 +73,7 @@ int64_t prepare_synthetic(Weight& w, const synthetic::FillSpec& data, const synt
   fill(p + data_bytes, scale_bytes, *scale);
   const size_t tiled = static_cast<size_t>(cuda::fp4::data_bytes(w.rows, w.cols) + cuda::fp4::scale_bytes(w.rows, w.cols));
   uint8_t* t = static_cast<uint8_t*>(device_malloc(tiled));
-  const cuda::fp4::Encoding enc = fast_fp4 ? cuda::fp4::Encoding::kE4m3 : cuda::fp4::Encoding::kF16;
-  cuda::fp4::tile(p, p + data_bytes, w.scale_cols, w.rows, w.cols, enc, t);
-  w.device_layout = static_cast<int>(enc);
+  cuda::fp4::tile(p, p + data_bytes, w.scale_cols, w.rows, w.cols, t);
   cuda::release_block(p, total, device);
   w.device = own(t);
   return static_cast<int64_t>(tiled);

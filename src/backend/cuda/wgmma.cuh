@@ -1,14 +1,13 @@
-// Hopper warpgroup MMA (wgmma.mma_async, sm_90a) as the MXFP4 GEMM tiles use it (mma_gemm.cuh): A,
-// the weight, from registers (one warp's 16 rows in the mma.sync fragment layout: m16n8k32 E4M3
-// bytes or m16n8k16 f16 pairs), B, the activation, from shared memory through a matrix descriptor,
-// fp32 accumulators in registers. sm_90 has no E4M3 mma.sync: ptxas lowers it to conversions and two
-// f16 HMMAs (20 F2FP and 8 FADDs of zero per K block of the MXFP4 tile, bench/RESULTS.md); wgmma
-// E4M3 is native (QGMMA) but truncates its products, wgmma f16 (HGMMA) sums as HMMA does, bit for
-// bit (bench/gpu/probe_hgmma_f16.cu).
+// Hopper warpgroup MMA (wgmma.mma_async, sm_90a) as the quantized GEMM tiles use it (mma_gemm.cuh):
+// A, the weight, from registers (one warp's 16 rows x 32 K of E4M3 bytes, the mma.sync m16n8k32
+// fragment layout), B, the activation, from shared memory through a matrix descriptor, fp32
+// accumulators in registers. sm_90 has no E4M3 mma.sync: ptxas lowers it to conversions and two f16
+// HMMAs (20 F2FP and 8 FADDs of zero per K block of the MXFP4 tile, bench/RESULTS.md); the wgmma
+// E4M3 path is native (QGMMA in SASS).
 //
 // B layout (K-major, no swizzle): "core matrices" of 8 rows (tokens) x 16 bytes (K), 128 contiguous
-// bytes each; the two 16-byte halves of one MMA's K (32 E4M3 or 16 f16) are `lbo` bytes apart,
-// 8-token groups `sbo` bytes apart.
+// bytes each; the two 16-byte halves of a 32-wide K block are `lbo` bytes apart, 8-token groups
+// `sbo` bytes apart.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -87,42 +86,6 @@ __device__ __forceinline__ void mma_e4m3<64>(float (&d)[8][4], const uint32_t (&
         "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0));
-}
-
-// d = A (64 x 16 f16, registers) x B (16 x N f16, shared), + d if kAccumulate (else fresh), fp32
-// accumulators in mma_e4m3's layout. B not transposed (K-major).
-template <int N, bool kAccumulate>
-__device__ __forceinline__ void mma_f16(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b) {
-  static_assert(N == 8 || N == 16 || N == 32 || N == 64);
-  if constexpr (N == 8) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kAccumulate ? 1 : 0));
-  } else if constexpr (N == 16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-        "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kAccumulate ? 1 : 0));
-  } else if constexpr (N == 32) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kAccumulate ? 1 : 0));
-  } else if constexpr (N == 64) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kAccumulate ? 1 : 0));
-  }
 }
 
 }  // namespace di::cuda::wg
