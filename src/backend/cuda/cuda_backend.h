@@ -98,8 +98,11 @@ class CudaBackend final : public Backend {
 
  private:
   // The grouped routed experts plus `shared_y`, the shared expert's output (side work until joined).
+  // inputs_ready: the routing lists and quantized x are already in the workspace (moe::route_fused).
   Tensor moe_experts_grouped(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
-                             const Tensor& shared_y, float swiglu_limit);
+                             const Tensor& shared_y, float swiglu_limit, bool inputs_ready = false);
+  // logits [S, E] of the router's gate (fp32, fp64 sums).
+  Tensor router_logits(const Tensor& x, const Weight& gate);
   Tensor moe_experts_listed(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                             const ExpertWeights& shared, float swiglu_limit);
   // Pinned host memory, grown on demand (the DMA engine writes pinned memory directly; a pageable

@@ -58,13 +58,20 @@ const uint8_t* table_row_scales(const Weight& t) {
 
 }  // namespace
 
-MoeRoute CudaBackend::moe_route(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
-                                float gate_temp) {
+Tensor CudaBackend::router_logits(const Tensor& x, const Weight& gate) {
   const int64_t s = x.rows(), d = x.row_size(), n_exp = gate.rows;
-  DI_CHECK(gate.cols == d && bias.rows * bias.cols == n_exp);
-  MoeRoute route{alloc(TType::kF32, {s, top_k}), alloc(TType::kI32, {s, top_k})};
+  DI_CHECK(gate.cols == d);
   Tensor logits = alloc(TType::kF32, {s, n_exp});  // fp32, as the CPU's kF32 gate linear
   cuda::moe::router_logits(x.f32(), cuda::wdata(gate), gate.dtype, s, n_exp, d, logits.f32());
+  return logits;
+}
+
+MoeRoute CudaBackend::moe_route(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
+                                float gate_temp) {
+  const int64_t s = x.rows(), n_exp = gate.rows;
+  DI_CHECK(bias.rows * bias.cols == n_exp);
+  MoeRoute route{alloc(TType::kF32, {s, top_k}), alloc(TType::kI32, {s, top_k})};
+  const Tensor logits = router_logits(x, gate);
   cuda::moe::router_select(logits.f32(), cuda::wdata(bias), bias.dtype, s, n_exp, top_k, route_scale, gate_temp,
                            route.weights.f32(), route.experts.i32());
   return route;
@@ -85,6 +92,24 @@ bool uniform_fp4_experts(const std::vector<ExpertWeights>& experts, int64_t d) {
   for (const ExpertWeights& e : experts)
     if (!ok(e.w1, inter, d) || !ok(e.w3, inter, d) || !ok(e.w2, d, inter)) return false;
   return true;
+}
+
+// The grouped path's per-call inputs in the persistent workspace: the routing lists of S*k entries
+// over E experts, and x [S, d] quantized to FP8 (codes, scales).
+struct GroupedInputs {
+  cuda::moe::RouteLists lists;
+  uint8_t* xc;
+  float* xs;
+};
+
+GroupedInputs grouped_inputs(int64_t s, int64_t d, int64_t n_exp, int64_t k) {
+  using namespace cuda;
+  const int64_t n = s * k;
+  int32_t* li = workspace_as<int32_t>(Ws::kMoeLists, static_cast<size_t>(2 * n_exp + 2 + 4 * n));
+  const moe::RouteLists lists{li, li + n_exp + 1, li + 2 * n_exp + 1, li + 2 * n_exp + 2,
+                              li + 2 * n_exp + 2 + n, li + 2 * n_exp + 2 + 2 * n, li + 2 * n_exp + 2 + 3 * n};
+  return {lists, workspace_as<uint8_t>(Ws::kMoeXCodes, static_cast<size_t>(s * d)),
+          workspace_as<float>(Ws::kMoeXScales, static_cast<size_t>(s * d / 32))};
 }
 
 // Device tables of the experts' weight pointers ([w1 | w3 | w2] x E), uploaded once per expert set
@@ -137,13 +162,24 @@ Tensor CudaBackend::moe(const Tensor& x, const Weight& gate, const Weight& bias,
     return Backend::moe(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit);
   // the shared expert needs x alone: side work beside the router and the routed experts
   const Tensor ys = run_beside(*this, [&] { return run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit); });
-  const MoeRoute route = moe_route(x, gate, bias, top_k, route_scale, gate_temp);
-  return moe_experts_grouped(x, route, experts, ys, swiglu_limit);
+  const int64_t s = x.rows(), n_exp = gate.rows;
+  if (!cuda::moe::route_fused_fits(s, n_exp) || static_cast<int64_t>(experts.size()) != n_exp) {
+    const MoeRoute route = moe_route(x, gate, bias, top_k, route_scale, gate_temp);
+    return moe_experts_grouped(x, route, experts, ys, swiglu_limit);
+  }
+  // small batch: selection, routing lists and the quantized input in one launch
+  DI_CHECK(bias.rows * bias.cols == n_exp);
+  MoeRoute route{alloc(TType::kF32, {s, top_k}), alloc(TType::kI32, {s, top_k})};
+  const Tensor logits = router_logits(x, gate);
+  const GroupedInputs in = grouped_inputs(s, x.row_size(), n_exp, top_k);
+  cuda::moe::route_fused(logits.f32(), cuda::wdata(bias), bias.dtype, s, n_exp, top_k, route_scale, gate_temp,
+                         route.weights.f32(), route.experts.i32(), in.lists, x.f32(), x.row_size(), in.xc, in.xs);
+  return moe_experts_grouped(x, route, experts, ys, swiglu_limit, true);
 }
 
 Tensor CudaBackend::moe_experts_grouped(const Tensor& x, const MoeRoute& route,
                                         const std::vector<ExpertWeights>& experts, const Tensor& ys,
-                                        float swiglu_limit) {
+                                        float swiglu_limit, bool inputs_ready) {
   const int64_t s = x.rows(), d = x.row_size(), k = route.experts.row_size();
   const int64_t n_exp = static_cast<int64_t>(experts.size());
   DI_CHECK(route.experts.rows() == s && route.weights.rows() == s && route.weights.row_size() == k);
@@ -153,14 +189,14 @@ Tensor CudaBackend::moe_experts_grouped(const Tensor& x, const MoeRoute& route,
   const int64_t n = s * k, inter = experts[0].w1.rows;
   DI_CHECK_MSG(n * std::max(d, inter) < (1LL << 31), "moe_experts: too many rows");
   const uint8_t* const* tables = expert_tables(experts);
-  int32_t* li = workspace_as<int32_t>(Ws::kMoeLists, static_cast<size_t>(2 * n_exp + 2 + 4 * n));
-  const moe::RouteLists lists{li, li + n_exp + 1, li + 2 * n_exp + 1, li + 2 * n_exp + 2,
-                              li + 2 * n_exp + 2 + n, li + 2 * n_exp + 2 + 2 * n, li + 2 * n_exp + 2 + 3 * n};
-  moe::route_lists(route.experts.i32(), s, static_cast<int>(k), n_exp, lists);
-
-  uint8_t* xc = workspace_as<uint8_t>(Ws::kMoeXCodes, static_cast<size_t>(s * d));
-  float* xs = workspace_as<float>(Ws::kMoeXScales, static_cast<size_t>(s * d / 32));
-  dense::quantize_activation(x.f32(), s, d, xc, xs);
+  const GroupedInputs in = grouped_inputs(s, d, n_exp, k);
+  const moe::RouteLists& lists = in.lists;
+  uint8_t* xc = in.xc;
+  float* xs = in.xs;
+  if (!inputs_ready) {
+    moe::route_lists(route.experts.i32(), s, static_cast<int>(k), n_exp, lists);
+    dense::quantize_activation(x.f32(), s, d, xc, xs);
+  }
   const int slots = static_cast<int>(std::min(n_exp, n));
   // Token tile from an expert's expected entries (uniform routing: n / E; x3 + 4 covers the usual
   // spread), not from S: a wider tile than its entries costs registers and pipeline depth on every

@@ -136,6 +136,14 @@ __device__ __forceinline__ float group_amax(float v, float floor) {
   return a < floor ? floor : a;
 }
 
+// The quantized GEMMs' activation quantizer (cuda::dense::quantize_activation): this lane's value v of
+// a 32-value block -> its E4M3 code, and the block's E8M0 scale as a float. All 32 lanes call it.
+__device__ __forceinline__ uint8_t act_quant_lane(float v, float& scale) {
+  const int e = round_scale_exponent(group_amax<32>(v, kFp8AmaxFloor), kFp8MaxInv);
+  scale = e8m0_to_float(e8m0_byte(e));
+  return fp8_code(v, scale_from_exponent(e));
+}
+
 // ---- warp row quantizers (all 32 lanes call; n % 32 == 0) -----------------------------------------------
 
 // (1) quant::fp8_ue8m0_quant with block 32: codes [n] e4m3, scales [n/32] e8m0.

@@ -61,10 +61,9 @@ __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, u
   const int64_t blk = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (blk >= nblocks) return;  // whole warps leave together
   const int lane = threadIdx.x & 31;
-  const float v = x[blk * 32 + lane];
-  const int e = dq::round_scale_exponent(dq::group_amax<32>(v, dq::kFp8AmaxFloor), dq::kFp8MaxInv);
-  codes[blk * 32 + lane] = dq::fp8_code(v, dq::scale_from_exponent(e));
-  if (lane == 0) scales[blk] = e8m0_to_float(dq::e8m0_byte(e));
+  float scale;
+  codes[blk * 32 + lane] = dq::act_quant_lane(x[blk * 32 + lane], scale);
+  if (lane == 0) scales[blk] = scale;
 }
 
 // y[M, N] = bf16(x W^T) for FP8 block / MXFP4 weights. The activation comes quantized (xc / xs) or,

@@ -11,6 +11,8 @@
 // Batch-invariant mode: the K split is the one-row plan at every S (batch_invariance.cuh), run inside
 // each CTA when split CTAs would not fit in one wave.
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "backend/cuda/batch_invariance.cuh"
@@ -22,6 +24,7 @@
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/moe_elem.cuh"
 #include "backend/cuda/moe_kernels.cuh"
+#include "backend/cuda/moe_select.cuh"
 #include "backend/cuda/pdl_launch.cuh"
 
 namespace di::cuda::moe {
@@ -30,12 +33,11 @@ namespace {
 constexpr int kListThreads = 1024;
 constexpr int kElemThreads = 256;
 
-// One CTA. n = S*k entries (ids outside [0, E) are skipped); smem: E counts + E offsets.
-// Work: n atomics, an E-long scan, then n / 32 warp steps placing the entries.
-__global__ void __launch_bounds__(kListThreads)
-    route_lists_kernel(const int32_t* __restrict__ experts, int n, int k, int n_exp, RouteLists l) {
-  ::di::cuda::grid_dependency_wait();
-  extern __shared__ int32_t sm[];
+// The lists of n = S*k entries by one CTA (every thread calls; ids outside [0, E) are skipped);
+// sm: 2 E ints of shared memory (counts, offsets). Work: n atomics, an E-long scan, then n / 32 warp
+// steps placing the entries.
+__device__ __forceinline__ void build_route_lists(const int32_t* __restrict__ experts, int n, int k, int n_exp,
+                                                  const RouteLists& l, int32_t* sm) {
   int32_t* cnt = sm;           // [E]
   int32_t* off = sm + n_exp;   // [E]
   for (int e = threadIdx.x; e < n_exp; e += blockDim.x) cnt[e] = 0;
@@ -113,6 +115,58 @@ __global__ void __launch_bounds__(kListThreads)
     }
     for (int j = 0; j < k; ++j) l.order[t * k + j] = j < m ? pos[j] : -1;
   }
+}
+
+__global__ void __launch_bounds__(kListThreads)
+    route_lists_kernel(const int32_t* __restrict__ experts, int n, int k, int n_exp, RouteLists l) {
+  ::di::cuda::grid_dependency_wait();
+  extern __shared__ int32_t sm[];
+  build_route_lists(experts, n, k, n_exp, l, sm);
+}
+
+// router_select + route_lists + quantize_activation for a small batch in one CTA (three launches on
+// the decode step's chain at batch 1): one thread per (row, expert) score, the activation's 32-value
+// blocks by warps with 8 blocks' loads in flight, then warp r picks row r's experts, then the lists.
+// The same device code as the three kernels, so the same bits. sm: 2 E ints, then 2 S E floats.
+__global__ void __launch_bounds__(kListThreads)
+    route_fused_kernel(const float* __restrict__ logits, const uint8_t* __restrict__ bias, ElemType bias_type, int s,
+                       int n_exp, int top_k, float route_scale, float gate_temp, float* __restrict__ weights,
+                       int32_t* __restrict__ experts, RouteLists l, const float* __restrict__ x, int d,
+                       uint8_t* __restrict__ xc, float* __restrict__ xs) {
+  ::di::cuda::grid_dependency_wait();
+  extern __shared__ int32_t sm[];
+  float* sc = reinterpret_cast<float*>(sm + 2 * n_exp);  // [S, E]
+  float* biased = sc + s * n_exp;                        // [S, E]
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  if (t < s * n_exp) {
+    const float lg = logits[t], bs = load_elem(bias, bias_type, t % n_exp);
+    sc[t] = route_score(lg, gate_temp);
+    biased[t] = sc[t] + bs;
+  }
+  constexpr int kBatch = 8, kWarps = kListThreads / 32;
+  const int blocks = s * d / 32;
+  for (int b0 = warp; b0 < blocks; b0 += kWarps * kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int b = b0 + j * kWarps;
+      v[j] = b < blocks ? x[static_cast<int64_t>(b) * 32 + lane] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int b = b0 + j * kWarps;
+      if (b >= blocks) break;  // warp-uniform
+      float scale;
+      xc[static_cast<int64_t>(b) * 32 + lane] = dq::act_quant_lane(v[j], scale);
+      if (lane == 0) xs[b] = scale;
+    }
+  }
+  __syncthreads();
+  if (warp < s)
+    pick_top_k(sc + warp * n_exp, biased + warp * n_exp, n_exp, top_k, route_scale, weights + warp * top_k,
+               experts + warp * top_k);
+  __syncthreads();  // the CTA's global writes of the ids are visible to all its threads
+  build_route_lists(experts, s * top_k, top_k, n_exp, l, sm);
 }
 
 // Grouped MXFP4 GEMM: for matrix `mat` (grid x = mats * row_ctas), expert slot blockIdx.z and K split
@@ -265,6 +319,26 @@ void route_lists(const int32_t* experts, int64_t s, int k, int64_t n_exp, const 
   DI_CHECK_MSG(smem <= 48 * 1024 && s * k < (1LL << 31), "moe_experts: too many experts or entries");
   ::di::cuda::launch(route_lists_kernel, 1, kListThreads, smem, experts, static_cast<int>(s * k), k,
                      static_cast<int>(n_exp), l);
+}
+
+bool route_fused_fits(int64_t s, int64_t n_exp) {
+  static const bool on = [] {  // DEEPINFER_FUSED_ROUTING=0: the three launches (to measure what fusing gains)
+    const char* v = std::getenv("DEEPINFER_FUSED_ROUTING");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on && s >= 1 && s * n_exp <= kListThreads && n_exp <= kMaxRouted;
+}
+
+void route_fused(const float* logits, const uint8_t* bias, DType bias_dtype, int64_t s, int64_t n_exp, int top_k,
+                 float route_scale, float gate_temp, float* weights, int32_t* experts, const RouteLists& l,
+                 const float* x, int64_t d, uint8_t* xc, float* xs) {
+  DI_CHECK_MSG(route_fused_fits(s, n_exp) && d % 32 == 0, "moe_route: batch too large for the fused routing");
+  DI_CHECK_MSG(top_k >= 1 && top_k <= kMaxTopK && top_k <= n_exp, "moe_route: top_k out of range");
+  const ElemType bt = elem_type(bias_dtype, "moe_route bias");
+  const size_t smem = static_cast<size_t>(2 * n_exp) * sizeof(int32_t) + static_cast<size_t>(2 * s * n_exp) * sizeof(float);
+  ::di::cuda::launch(route_fused_kernel, 1, kListThreads, smem, logits, bias, bt, static_cast<int>(s),
+                     static_cast<int>(n_exp), top_k, route_scale, gate_temp, weights, experts, l, x,
+                     static_cast<int>(d), xc, xs);
 }
 
 void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0, const uint8_t* const* w1, float* y1,

@@ -81,6 +81,15 @@ struct GroupedSplitMode {
   int64_t one_row_slots = 1;
   bool fast = false;  // block sums on wgmma (EngineOptions::fast_fp4_gemm, mma_gemm.cuh)
 };
+// router_select, then route_lists and dense::quantize_activation of x [S, d] into xc / xs, in one
+// launch for a small batch (route_fused_fits: one CTA, a thread per score): the same outputs bit for
+// bit, two launches fewer on the decode chain. experts / weights [S, top_k] as router_select's.
+// DEEPINFER_FUSED_ROUTING=0 turns the fused path off (route_fused_fits is then false).
+bool route_fused_fits(int64_t s, int64_t n_exp);
+void route_fused(const float* logits, const uint8_t* bias, DType bias_dtype, int64_t s, int64_t n_exp, int top_k,
+                 float route_scale, float gate_temp, float* weights, int32_t* experts, const RouteLists& l,
+                 const float* x, int64_t d, uint8_t* xc, float* xs);
+
 // slots: grid z (the most experts that can be active); nt: n8 token tiles per warp. K is split across
 // CTAs while they fit in one wave (partials and counters in the persistent workspace).
 void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0, const uint8_t* const* w1, float* y1,

@@ -2,19 +2,18 @@
 // then sqrt(softplus) scores, biased top-k selection and renormalised weights, one CTA per row.
 // A BF16 gate with D % 8 == 0 and 16-byte aligned x / gate takes the FP64 tensor cores
 // (moe_route_dmma.cu); F16 / F32 gates and the other shapes take the CUDA-core kernel here.
-#include <climits>
 #include <cmath>
 #include <string>
 
 #include "backend/cuda/moe_elem.cuh"
 #include "backend/cuda/moe_kernels.cuh"
+#include "backend/cuda/moe_select.cuh"
 #include "backend/cuda/pdl_launch.cuh"
 
 namespace di::cuda::moe {
 namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
-constexpr int kMaxRouted = 512;  // routed experts the selection kernel takes (2 x 512 floats of shared memory)
 
 __device__ __forceinline__ double warp_sum(double v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
@@ -43,8 +42,8 @@ __global__ void router_logits_kernel(const float* __restrict__ x, const uint8_t*
 }
 
 // One CTA per row: kSelThreads threads compute the E scores (fp64 exp / log1p, ~1 us each, so one
-// warp per row took 14 us at E = 384), then warp 0 runs top_k warp-wide argmax passes over the biased
-// scores held in registers. Selection is "the k largest biased scores, ties to the lowest expert id".
+// warp per row took 14 us at E = 384), then warp 0 picks (moe_select.cuh). Selection is "the k largest
+// biased scores, ties to the lowest expert id".
 // The CPU picks torch.topk's elements (std::nth_element / partial_sort order); both agree unless two
 // biased fp32 scores tie exactly at the k-th place, which random or real router logits essentially
 // never do. The weights are summed in descending-score order (the CPU's order may differ: an ulp at most).
@@ -69,46 +68,12 @@ __global__ void __launch_bounds__(kSelThreads)
   for (int k = 0; k < kPer; ++k) {
     const int e = threadIdx.x + kSelThreads * k;
     if (e >= n_exp) break;
-    const float l = lg[k] / gate_temp;
-    const float sp = l > 20.0f ? l : log1p_f32(exp_f32(l));  // torch softplus, threshold 20
-    sc[e] = sqrtf(sp);
+    sc[e] = route_score(lg[k], gate_temp);
     biased[e] = sc[e] + bs[k];
   }
   __syncthreads();
   if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  constexpr int kLane = kMaxRouted / 32;
-  float v[kLane];  // expert lane + 32 k; NaN = padding or already picked: never wins
-#pragma unroll
-  for (int k = 0; k < kLane; ++k) v[k] = lane + 32 * k < n_exp ? biased[lane + 32 * k] : __int_as_float(0x7fc00000);
-  int picks[kMaxTopK];
-  for (int j = 0; j < top_k; ++j) {
-    float bv = -INFINITY;
-    int bi = INT_MAX;
-#pragma unroll
-    for (int k = 0; k < kLane; ++k)
-      if (v[k] > bv || (v[k] == bv && lane + 32 * k < bi)) bv = v[k], bi = lane + 32 * k;
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(kFull, bv, off);
-      const int oi = __shfl_xor_sync(kFull, bi, off);
-      if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-    }
-    picks[j] = bi;  // the same in every lane
-#pragma unroll
-    for (int k = 0; k < kLane; ++k)
-      if (lane + 32 * k == bi) v[k] = __int_as_float(0x7fc00000);
-  }
-  if (lane != 0) return;
-  float sum = 0;
-  for (int j = 0; j < top_k; ++j)
-    if (picks[j] < n_exp) sum += sc[picks[j]];
-  for (int j = 0; j < top_k; ++j) {
-    const bool ok = picks[j] < n_exp;  // false only for NaN scores
-    float w = ok ? sc[picks[j]] : 0.0f;
-    if (top_k > 1) w /= (sum + 1e-20f);
-    weights[r * top_k + j] = w * route_scale;
-    experts[r * top_k + j] = ok ? picks[j] : -1;
-  }
+  pick_top_k(sc, biased, n_exp, top_k, route_scale, weights + r * top_k, experts + r * top_k);
 }
 
 template <ElemType T>
