@@ -31,6 +31,7 @@ namespace di::cuda::moe {
 namespace {
 
 constexpr int kListThreads = 1024;
+constexpr int kFusedScores = 4 * kListThreads;  // route_fused_fits: S x E at most
 constexpr int kElemThreads = 256;
 
 // The lists of n = S*k entries by one CTA (every thread calls; ids outside [0, E) are skipped);
@@ -125,9 +126,10 @@ __global__ void __launch_bounds__(kListThreads)
 }
 
 // router_select + route_lists + quantize_activation for a small batch in one CTA (three launches on
-// the decode step's chain at batch 1): one thread per (row, expert) score, the activation's 32-value
-// blocks by warps with 8 blocks' loads in flight, then warp r picks row r's experts, then the lists.
-// The same device code as the three kernels, so the same bits. sm: 2 E ints, then 2 S E floats.
+// the decode step's chain): the (row, expert) scores by the threads in turn (~1 us each: fp64 exp),
+// the activation's 32-value blocks by warps with 8 blocks' loads in flight, then warp r picks row r's
+// experts, then the lists. The same device code as the three kernels, so the same bits. sm: 2 E
+// ints, then 2 S E floats.
 __global__ void __launch_bounds__(kListThreads)
     route_fused_kernel(const float* __restrict__ logits, const uint8_t* __restrict__ bias, ElemType bias_type, int s,
                        int n_exp, int top_k, float route_scale, float gate_temp, float* __restrict__ weights,
@@ -137,13 +139,13 @@ __global__ void __launch_bounds__(kListThreads)
   extern __shared__ int32_t sm[];
   float* sc = reinterpret_cast<float*>(sm + 2 * n_exp);  // [S, E]
   float* biased = sc + s * n_exp;                        // [S, E]
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  if (t < s * n_exp) {
-    const float lg = logits[t], bs = load_elem(bias, bias_type, t % n_exp);
-    sc[t] = route_score(lg, gate_temp);
-    biased[t] = sc[t] + bs;
-  }
   constexpr int kBatch = 8, kWarps = kListThreads / 32;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  for (int i = t; i < s * n_exp; i += kListThreads) {
+    const float lg = logits[i], bs = load_elem(bias, bias_type, i % n_exp);
+    sc[i] = route_score(lg, gate_temp);
+    biased[i] = sc[i] + bs;
+  }
   const int blocks = s * d / 32;
   for (int b0 = warp; b0 < blocks; b0 += kWarps * kBatch) {
     float v[kBatch];
@@ -162,9 +164,9 @@ __global__ void __launch_bounds__(kListThreads)
     }
   }
   __syncthreads();
-  if (warp < s)
-    pick_top_k(sc + warp * n_exp, biased + warp * n_exp, n_exp, top_k, route_scale, weights + warp * top_k,
-               experts + warp * top_k);
+  for (int r = warp; r < s; r += kWarps)
+    pick_top_k(sc + r * n_exp, biased + r * n_exp, n_exp, top_k, route_scale, weights + r * top_k,
+               experts + r * top_k);
   __syncthreads();  // the CTA's global writes of the ids are visible to all its threads
   build_route_lists(experts, s * top_k, top_k, n_exp, l, sm);
 }
@@ -326,7 +328,8 @@ bool route_fused_fits(int64_t s, int64_t n_exp) {
     const char* v = std::getenv("DEEPINFER_FUSED_ROUTING");
     return v == nullptr || std::string_view(v) != "0";
   }();
-  return on && s >= 1 && s * n_exp <= kListThreads && n_exp <= kMaxRouted;
+  // up to ~4 scores per thread: past that the serial scores cost more than the two launches saved
+  return on && s >= 1 && s * n_exp <= kFusedScores && n_exp <= kMaxRouted;
 }
 
 void route_fused(const float* logits, const uint8_t* bias, DType bias_dtype, int64_t s, int64_t n_exp, int top_k,
