@@ -261,17 +261,17 @@ TEST_F(MoeEngramOps, RouteThenExpertsMatchCpu) {
   EXPECT_LE(c.rel_l2, 1e-3) << c.str() << ", " << seed_note();
 }
 
-// Backend::moe (route and experts in one call; a batch of S rows with S x E <= 4096 takes the fused
+// Backend::moe (route and experts in one call; a batch of S rows with S x E <= 1024 takes the fused
 // routing kernel, moe::route_fused): bit for bit the separate moe_route + moe_experts, on the
-// bf16 gate's FP64 tensor-core logits, and relative L2 <= 1e-3 against the CPU's moe. E = 300: 1, 2,
-// 4 and 13 rows fused (one to four scores per thread), 14 and 40 rows not: both paths checked.
+// bf16 gate's FP64 tensor-core logits, and relative L2 <= 1e-3 against the CPU's moe. E = 300: 1, 2
+// and 3 rows fused, 4 and 40 rows not: both paths checked.
 TEST_F(MoeEngramOps, MoeFusedRoutingMatchesSeparateOps) {
   const int64_t n_exp = 300;
   const int top_k = 6;
   ExpertSet set = random_experts(rng(), *gpu, n_exp);
   OwnedWeight gate = gputest::random_bf16_weight(rng(), n_exp, kHidden, *gpu, 0.05f, WeightMode::kF32);
   OwnedWeight bias = gputest::random_f32_weight(rng(), 1, n_exp, *gpu, 0.1f);
-  for (int64_t rows : {1, 2, 4, 13, 14, 40}) {
+  for (int64_t rows : {1, 2, 3, 4, 40}) {
     SCOPED_TRACE("rows=" + std::to_string(rows));
     gputest::TensorPair x = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, kHidden});
     const Tensor fused = gpu->moe(x.gpu, gate.w, bias.w, top_k, 1.5f, 1.0f, set.experts, set.shared, 7.0f);

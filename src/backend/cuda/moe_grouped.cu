@@ -31,7 +31,10 @@ namespace di::cuda::moe {
 namespace {
 
 constexpr int kListThreads = 1024;
-constexpr int kFusedScores = 4 * kListThreads;  // route_fused_fits: S x E at most
+// route_fused_fits: S x E at most, one score per thread. Measured (H100, 8 layers, bench/RESULTS.md):
+// decode batch 1 -1.7%, batch 2 -1%, but batches 8 and 10 (3 - 4 scores per thread) +3%: there the
+// serial scores and the one CTA's quantizing cost more than the two launches saved.
+constexpr int kFusedScores = kListThreads;
 constexpr int kElemThreads = 256;
 
 // The lists of n = S*k entries by one CTA (every thread calls; ids outside [0, E) are skipped);
@@ -328,7 +331,6 @@ bool route_fused_fits(int64_t s, int64_t n_exp) {
     const char* v = std::getenv("DEEPINFER_FUSED_ROUTING");
     return v == nullptr || std::string_view(v) != "0";
   }();
-  // up to ~4 scores per thread: past that the serial scores cost more than the two launches saved
   return on && s >= 1 && s * n_exp <= kFusedScores && n_exp <= kMaxRouted;
 }
 

@@ -82,7 +82,7 @@ struct GroupedSplitMode {
   bool fast = false;  // block sums on wgmma (EngineOptions::fast_fp4_gemm, mma_gemm.cuh)
 };
 // router_select, then route_lists and dense::quantize_activation of x [S, d] into xc / xs, in one
-// launch for a small batch (route_fused_fits: one CTA, S x E <= 4096 scores): the same outputs bit for
+// launch for a small batch (route_fused_fits: one CTA, S x E <= 1024 scores): the same outputs bit for
 // bit, two launches fewer on the decode chain. experts / weights [S, top_k] as router_select's.
 // DEEPINFER_FUSED_ROUTING=0 turns the fused path off (route_fused_fits is then false).
 bool route_fused_fits(int64_t s, int64_t n_exp);
