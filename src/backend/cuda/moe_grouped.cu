@@ -1,7 +1,8 @@
 // The routed experts as grouped launches with device-side routing lists (no host round trip, so a
 // MoE layer can be captured in a CUDA graph):
 //  1. route_lists: per-expert counts, offsets and the ascending list of active experts from the
-//     router's [S, k] ids; entries sorted by (expert, token), as the CPU lists them.
+//     router's [S, k] ids; entries sorted by (expert, token), as the CPU lists them. For a small batch
+//     route_fused does the router's selection, these lists and the input's FP8 quantizer in one launch.
 //  2. one grouped GEMM for gate and up (w1, w3) of every active expert (MXFP4 widened to E4M3 in
 //     registers, mma_gemm.cuh), reading the once-quantized input rows through the entry -> token list;
 //  3. SwiGLU x routing weight, quantized to FP8 for the down projection, in one kernel;
@@ -12,6 +13,7 @@
 // each CTA when split CTAs would not fit in one wave.
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
@@ -326,18 +328,24 @@ void route_lists(const int32_t* experts, int64_t s, int k, int64_t n_exp, const 
                      static_cast<int>(n_exp), l);
 }
 
+namespace {
+bool fused_shape(int64_t s, int64_t n_exp) { return s >= 1 && s * n_exp <= kFusedScores && n_exp <= kMaxRouted; }
+}  // namespace
+
 bool route_fused_fits(int64_t s, int64_t n_exp) {
   static const bool on = [] {  // DEEPINFER_FUSED_ROUTING=0: the three launches (to measure what fusing gains)
     const char* v = std::getenv("DEEPINFER_FUSED_ROUTING");
     return v == nullptr || std::string_view(v) != "0";
   }();
-  return on && s >= 1 && s * n_exp <= kFusedScores && n_exp <= kMaxRouted;
+  return on && fused_shape(s, n_exp);
 }
 
 void route_fused(const float* logits, const uint8_t* bias, DType bias_dtype, int64_t s, int64_t n_exp, int top_k,
                  float route_scale, float gate_temp, float* weights, int32_t* experts, const RouteLists& l,
                  const float* x, int64_t d, uint8_t* xc, float* xs) {
-  DI_CHECK_MSG(route_fused_fits(s, n_exp) && d % 32 == 0, "moe_route: batch too large for the fused routing");
+  DI_CHECK_MSG(fused_shape(s, n_exp) && d % 32 == 0,
+               "moe_route: fused routing takes S x E <= " + std::to_string(kFusedScores) + " and d % 32 == 0, got S = " +
+                   std::to_string(s) + ", E = " + std::to_string(n_exp) + ", d = " + std::to_string(d));
   DI_CHECK_MSG(top_k >= 1 && top_k <= kMaxTopK && top_k <= n_exp, "moe_route: top_k out of range");
   const ElemType bt = elem_type(bias_dtype, "moe_route bias");
   const size_t smem = static_cast<size_t>(2 * n_exp) * sizeof(int32_t) + static_cast<size_t>(2 * s * n_exp) * sizeof(float);
