@@ -218,8 +218,7 @@ Tensor CudaBackend::moe_experts_grouped(const Tensor& x, const MoeRoute& route,
 
   float* down = workspace_as<float>(Ws::kMoeDown, static_cast<size_t>(n * d));
   moe::GroupedArgs a2{hc, hs, nullptr, lists, static_cast<int>((d + mma::kCtaRows - 1) / mma::kCtaRows),
-                      static_cast<int>(d), static_cast<int>(inter), static_cast<int>(n),
-                      /*lists_settled=*/true};  // written before the up / gate GEMM and swiglu_quant
+                      static_cast<int>(d), static_cast<int>(inter), static_cast<int>(n)};
   moe::grouped_fp4_gemm(a2, tables + 2 * n_exp, down, nullptr, nullptr, slots, nt, split_mode);
 
   side_join();  // the shared expert's output

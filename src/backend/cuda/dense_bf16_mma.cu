@@ -63,16 +63,6 @@ __device__ __forceinline__ void e4m3x4_to_bf16(uint32_t codes, float scale, uint
   hi = *reinterpret_cast<const uint32_t*>(&bb);
 }
 
-// The kernel's PDL prologue: thread t asks L2 for the first `ahead_k` K values of its CTA's row t in
-// the CTA's K range (weights: pdl_launch.cuh's rule allows reading them before the wait), then waits.
-__device__ __forceinline__ void prefetch_rows_then_wait(const uint8_t* w, int N, int K, int elem_bytes,
-                                                        int k_per_split, int ahead_k) {
-  const int k0 = blockIdx.z * k_per_split, k1 = min(K, min(k0 + k_per_split, k0 + ahead_k));
-  mma::prefetch_row(w, blockIdx.x * kRowsPerCta + threadIdx.x, N, static_cast<int64_t>(K) * elem_bytes,
-                    static_cast<int64_t>(k0) * elem_bytes, static_cast<int64_t>(k1) * elem_bytes);
-  ::di::cuda::grid_dependency_wait();
-}
-
 // x row t of the CTA's group: x + t * x_stride + group * K (group = first row / rows_per_group; a
 // CTA's rows share one group). wscale: FP8 block scales [ceil(N / 32), scale_cols] (E8M0). Up to 16
 // tokens two CTAs share an SM (the BF16 head at batch 1 - 8 streams 1.3 GB; at 146 registers it ran
@@ -81,9 +71,8 @@ template <int NT, MmaWeight F>
 __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     bf16_mma_kernel(const float* __restrict__ x, int64_t x_stride, int rows_per_group, int S, const uint8_t* __restrict__ w,
                     const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int k_per_split,
-                    int ahead_k, bool bf16_out, float* __restrict__ y, float* __restrict__ partial,
-                    unsigned* __restrict__ counters) {
-  prefetch_rows_then_wait(w, N, K, F == MmaWeight::kFp8Block ? 1 : 2, k_per_split, ahead_k);
+                    bool bf16_out, float* __restrict__ y, float* __restrict__ partial, unsigned* __restrict__ counters) {
+  ::di::cuda::grid_dependency_wait();
   constexpr int kTok = 8 * NT;
   constexpr bool kFp8 = F == MmaWeight::kFp8Block;
   constexpr int kLoads = kFp8 ? 1 : 2;  // 16-byte weight loads per row per chunk
@@ -134,10 +123,6 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
   const int nt_active = (tokens + 7) / 8;
   for (int k0 = k_begin, it = 0; k0 < k_end; k0 += kChunk, ++it) {
     const int buf = it & 1;
-    if (ahead_k > 0)  // this thread's row, one chunk `ahead_k` past this one
-      mma::prefetch_row(w, blockIdx.x * kRowsPerCta + threadIdx.x, N, row_bytes,
-                        static_cast<int64_t>(k0 + ahead_k) * (kFp8 ? 1 : 2),
-                        static_cast<int64_t>(min(k_end, k0 + ahead_k + kChunk)) * (kFp8 ? 1 : 2));
     if (k0 + kChunk < k_end) {
       load_w(nxt, nxt_sc, k0 + kChunk);
       stage_x(buf ^ 1, k0 + kChunk);
@@ -219,8 +204,7 @@ void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, 
   unsigned* counters = fixup ? workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(grid.x) * grid.y) : nullptr;
   ::di::cuda::launch(bf16_mma_kernel<NT, F>, grid, kMmaThreads, 0, x, x_stride, rows_per_group, static_cast<int>(S),
                      wdata(w), F == MmaWeight::kFp8Block ? wscale(w) : nullptr, w.scale_cols, static_cast<int>(w.rows),
-                     static_cast<int>(w.cols), static_cast<int>(per_split),
-                     mma::l2_ahead_blocks() * 32 / (F == MmaWeight::kBf16 ? 2 : 1), bf16_out, y, partial, counters);
+                     static_cast<int>(w.cols), static_cast<int>(per_split), bf16_out, y, partial, counters);
   if (partial && !fixup) reduce_splits(partial, static_cast<int>(used), S * w.rows, bf16_out, y);
 }
 

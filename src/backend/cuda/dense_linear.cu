@@ -80,10 +80,9 @@ template <mma::WFmt F, int NT, bool kInlineSplits, bool kFast>
 __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     quantized_linear_kernel(mma::ActSource src, int M, const uint8_t* __restrict__ w,
                             const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int kb_per_split,
-                            int l2_pre, int l2_ahead, int inline_splits, bool fixup, float* __restrict__ partial,
+                            int inline_splits, bool fixup, float* __restrict__ partial,
                             unsigned* __restrict__ counters, float* __restrict__ y) {
-  mma::prefetch_weight_then_wait<F>(w, wscale, N, K, blockIdx.x * mma::kCtaRows + (threadIdx.x >> 5) * mma::kWarpRows,
-                                    blockIdx.y * kb_per_split, min(K / 32, blockIdx.y * kb_per_split + l2_pre));
+  ::di::cuda::grid_dependency_wait();
   using namespace mma;
   const int warp = threadIdx.x >> 5;
   const int row0 = blockIdx.x * kCtaRows + warp * kWarpRows;
@@ -95,7 +94,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     for (int sp = 0; sp < inline_splits; ++sp) {
       float part[2][NT][4] = {};
       const int kb0 = sp * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
-      cta_tile<F, NT, kFast>(w, wscale, scale_cols, N, K, row0, kb0, kb1, l2_ahead, src, count, [&](int i) { return t0 + i; },
+      cta_tile<F, NT, kFast>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; },
                              part);
       add_split(acc, part);
     }
@@ -104,7 +103,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     return;
   }
   const int kb0 = split * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
-  cta_tile<F, NT, kFast>(w, wscale, scale_cols, N, K, row0, kb0, kb1, l2_ahead, src, count, [&](int i) { return t0 + i; }, acc);
+  cta_tile<F, NT, kFast>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, acc);
   if (splits == 1) {
     for_each_acc(acc, row0, N, count,
                  [&](int r, int t, float v) { y[static_cast<int64_t>(t0 + t) * N + r] = dq::round_bf16(v); });
@@ -158,7 +157,7 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
     const dim3 grid(static_cast<unsigned>(row_ctas), 1u, static_cast<unsigned>(chunks));
     ::di::cuda::launch(quantized_linear_kernel<F, NT, true, kFast>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
                        wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split,
-                       mma::l2_prewait_blocks(), mma::l2_ahead_blocks(), plan.splits, false, nullptr, nullptr, y);
+                       plan.splits, false, nullptr, nullptr, y);
     return;
   }
   const bool fixup = mma::fixup_in_kernel(std::min<int64_t>(M, mma::kTokTile), plan.splits);
@@ -170,8 +169,7 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
   }
   const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(chunks));
   ::di::cuda::launch(quantized_linear_kernel<F, NT, false, kFast>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
-                     wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split,
-                     mma::l2_prewait_blocks(), mma::l2_ahead_blocks(), 1, fixup,
+                     wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split, 1, fixup,
                      partial, counters, y);
   if (plan.splits > 1 && !fixup) {
     reduce_splits(partial, plan.splits, M * N, true, y);

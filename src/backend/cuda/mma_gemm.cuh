@@ -33,13 +33,10 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
-#include "backend/cuda/pdl_launch.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace di::cuda::mma {
@@ -83,27 +80,6 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// Asks L2 for `bytes` (a multiple of 16) at p (16-byte aligned) and does not wait (sm_90 bulk prefetch):
-// requests that hold no registers, so the bytes in flight are not bounded by the resident warps'.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
-// K blocks of weight a tile asks L2 for ahead of its register pipeline (DEEPINFER_L2_AHEAD), and
-// that a dense GEMM asks for before its PDL wait (DEEPINFER_L2_PREWAIT); 0 = none.
-inline int env_blocks(const char* name, int fallback) {
-  const char* s = std::getenv(name);
-  return s != nullptr ? std::max(0, std::atoi(s)) : fallback;
-}
-inline int l2_ahead_blocks() {
-  static const int v = env_blocks("DEEPINFER_L2_AHEAD", 0);
-  return v;
-}
-inline int l2_prewait_blocks() {
-  static const int v = env_blocks("DEEPINFER_L2_PREWAIT", 0);
-  return v;
-}
 
 // A tiled MXFP4 word (fp4_layout.cuh) -> the E4M3 bytes of its first / last four codes, each 2^-6
 // times the code's value (E2M1 magnitude bits e1 e0 m0 at E4M3 bits 4 3 2: exact for every code,
@@ -156,40 +132,6 @@ __device__ __forceinline__ void warp_rows(const uint8_t* w, int row0, int N, int
     }
 }
 
-// Asks L2 for the weight of the warp tile at row0 (a multiple of 32) in K blocks [a, b), for the
-// layouts cta_tile reads: FP8 a row per lane; FP4 the tile's contiguous blocks (lane 0) and their
-// scale groups (lane 1). Nothing for a tile past N.
-// Bytes [b0, b1) (16-byte aligned) of row `row` < N of a row-major weight, asked of L2.
-__device__ __forceinline__ void prefetch_row(const uint8_t* w, int row, int N, int64_t row_bytes, int64_t b0,
-                                             int64_t b1) {
-  if (row < N && b0 < b1) prefetch_l2(w + row * row_bytes + b0, static_cast<uint32_t>(b1 - b0));
-}
-
-template <WFmt F>
-__device__ __forceinline__ void prefetch_warp_weight(const uint8_t* w, const uint8_t* wscale, int N, int K, int row0,
-                                                     int a, int b) {
-  const int lane = threadIdx.x & 31, nb = K / 32;
-  if (a >= b || row0 >= N) return;
-  if constexpr (F == WFmt::kFp8Block) {
-    prefetch_row(w, row0 + lane, N, K, a * 32, b * 32);
-  } else if (lane == 0) {
-    prefetch_l2(w + (static_cast<int64_t>(row0 / 32) * nb + a) * 512, (b - a) * 512);
-  } else if (lane == 1) {
-    const uint8_t* groups = wscale + static_cast<int64_t>(row0 / 32) * ((nb + 3) / 4) * 128;
-    prefetch_l2(groups + (a / 4) * 128, ((b - 1) / 4 - a / 4 + 1) * 128);
-  }
-}
-
-// The PDL prologue of a GEMM kernel whose weight is known before its inputs are: the warp's first K
-// blocks [a, b) are asked of L2 while the kernel before it finishes (weights are never written, so
-// pdl_launch.cuh's rule allows the reads), then the wait.
-template <WFmt F>
-__device__ __forceinline__ void prefetch_weight_then_wait(const uint8_t* w, const uint8_t* wscale, int N, int K,
-                                                          int row0, int a, int b) {
-  prefetch_warp_weight<F>(w, wscale, N, K, row0, a, b);
-  grid_dependency_wait();
-}
-
 // Per token-tile width: K blocks of activation staged in shared memory at a time, and K blocks of
 // weight per register pipeline stage (two stages: the next one loads while this one computes). The
 // staged codes: for mma.sync, token rows in physical K order (row stride = 32 mod 128 bytes, so a
@@ -238,7 +180,7 @@ struct ActSource {
 template <WFmt F, int NT, bool kFast, class ActRow>
 __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const uint8_t* __restrict__ wscale,
                                          int64_t scale_cols, int N, int K, int row0, int kb0, int kb1,
-                                         int l2_ahead, const ActSource& src, int count, const ActRow& act_row,
+                                         const ActSource& src, int count, const ActRow& act_row,
                                          float (&acc)[2][NT][4]) {
   using Shape = TileShape<NT>;
   constexpr int C = Shape::kChunk, S = Shape::kCodeStride, BB = Shape::kBlockBytes, SS = Shape::kScaleStride;
@@ -295,8 +237,6 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
       }
     }
   };
-  const auto prefetch = [&](int a, int b) { prefetch_warp_weight<F>(w, wscale, N, K, row0, a, min(b, kb1)); };
-  if (l2_ahead > 0) prefetch(kb0, kb0 + l2_ahead);
   if (threadIdx.x < rows_pad) srow[threadIdx.x] = threadIdx.x < count ? act_row(threadIdx.x) : -1;
   uint32_t cur[U][2][2][W], nxt[U][2][2][W] = {};
   uint32_t cur_s[SW], nxt_s[SW] = {};
@@ -361,7 +301,6 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
     if constexpr (kWg) wg::fence_async_smem();  // the staged codes are read by wgmma (the async proxy)
     __syncthreads();
     for (int kb = kc; kb < kc + nkc; kb += U) {
-      if (l2_ahead > 0) prefetch(kb + l2_ahead, kb + l2_ahead + U);
       if (kb + U < kb1) load(nxt, nxt_s, kb + U);
       // this lane's activation codes (mma.sync) and scales of the stage's first block (per block, per
       // token tile: constant offsets)

@@ -187,29 +187,13 @@ struct GroupedMat {
   float* y;                 // [n, N]
 };
 
-// The kernel's PDL prologue when its lists were written two or more launches back (l2_pre > 0): the
-// CTA's expert and its warp's first l2_pre K blocks of that expert's weight are asked of L2 while the
-// kernel before it finishes; then the wait.
-__device__ __forceinline__ void prefetch_expert_then_wait(const RouteLists& l, const GroupedMat& m0,
-                                                          const GroupedMat& m1, int row_ctas, int N, int K,
-                                                          int kb_per_split, int l2_pre) {
-  if (l2_pre > 0 && static_cast<int>(blockIdx.z) < *l.n_active) {
-    const uint8_t* w = (blockIdx.x / row_ctas ? m1 : m0).w[l.active[blockIdx.z]];
-    const int row0 = blockIdx.x % row_ctas * mma::kCtaRows + (threadIdx.x >> 5) * mma::kWarpRows;
-    const int kb0 = blockIdx.y * kb_per_split;
-    mma::prefetch_warp_weight<mma::WFmt::kFp4Row>(w, w + fp4::data_bytes(N, K), N, K, row0, kb0,
-                                             min(K / 32, kb0 + l2_pre));
-  }
-  ::di::cuda::grid_dependency_wait();
-}
-
 template <int NT, bool kInlineSplits, bool kFast>
 __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     grouped_fp4_kernel(const uint8_t* __restrict__ xc, const float* __restrict__ xs, const int32_t* __restrict__ act_row_of,
                        RouteLists l, GroupedMat m0, GroupedMat m1, int row_ctas, int N, int K, int n_rows,
-                       int kb_per_split, int l2_pre, int l2_ahead, int inline_splits, float* __restrict__ partial,
+                       int kb_per_split, int inline_splits, float* __restrict__ partial,
                        unsigned* __restrict__ counters) {
-  prefetch_expert_then_wait(l, m0, m1, row_ctas, N, K, kb_per_split, l2_pre);
+  ::di::cuda::grid_dependency_wait();
   using namespace mma;
   const int slot = blockIdx.z;
   if (slot >= *l.n_active) return;  // the whole CTA (and its split siblings) leave
@@ -232,14 +216,14 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
       for (int sp = 0; sp < inline_splits; ++sp) {
         float sum_part[2][NT][4] = {};
         const int ikb0 = sp * kb_per_split, ikb1 = min(nb, ikb0 + kb_per_split);
-        cta_tile<WFmt::kFp4Row, NT, kFast>(w, wsc, nb, N, K, row0, ikb0, ikb1, l2_ahead, src, count, act_row, sum_part);
+        cta_tile<WFmt::kFp4Row, NT, kFast>(w, wsc, nb, N, K, row0, ikb0, ikb1, src, count, act_row, sum_part);
         add_split(acc, sum_part);
       }
       for_each_acc(acc, row0, N, count,
                    [&](int r, int t, float v) { m.y[static_cast<int64_t>(pc + t) * N + r] = dq::round_bf16(v); });
       continue;
     }
-    cta_tile<WFmt::kFp4Row, NT, kFast>(w, wsc, nb, N, K, row0, kb0, kb1, l2_ahead, src, count, act_row, acc);
+    cta_tile<WFmt::kFp4Row, NT, kFast>(w, wsc, nb, N, K, row0, kb0, kb1, src, count, act_row, acc);
     if (splits == 1)
       for_each_acc(acc, row0, N, count,
                    [&](int r, int t, float v) { m.y[static_cast<int64_t>(pc + t) * N + r] = dq::round_bf16(v); });
@@ -317,12 +301,10 @@ void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat
   const dense::SplitPlan plan = bi::grouped_k_split(mode.invariant, tiles, slots, mode.one_row_slots, a.K / 32, NT,
                                                     capacity, grouped_capacity<1, kFast>());
   const int64_t partial_bytes = static_cast<int64_t>(mats) * plan.splits * a.n_rows * a.N * 4;
-  const int l2_pre = a.lists_settled ? mma::l2_prewait_blocks() : 0;
   if (!bi::splits_on_ctas(mode.invariant, tiles * slots, plan.splits, capacity, partial_bytes)) {
     const dim3 grid(static_cast<unsigned>(tiles), 1u, static_cast<unsigned>(slots));
     ::di::cuda::launch(grouped_fp4_kernel<NT, true, kFast>, grid, mma::kThreads, 0, a.xc, a.xs, a.act_row_of, a.lists, m0, m1,
-                       a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, l2_pre, mma::l2_ahead_blocks(), plan.splits,
-                       nullptr, nullptr);
+                       a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, plan.splits, nullptr, nullptr);
     return;
   }
   float* partial = nullptr;
@@ -333,8 +315,7 @@ void launch_grouped(const GroupedArgs& a, const GroupedMat& m0, const GroupedMat
   }
   const dim3 grid(static_cast<unsigned>(mats * a.row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(slots));
   ::di::cuda::launch(grouped_fp4_kernel<NT, false, kFast>, grid, mma::kThreads, 0, a.xc, a.xs, a.act_row_of, a.lists, m0, m1,
-                     a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, l2_pre, mma::l2_ahead_blocks(), 1, partial,
-                     counters);
+                     a.row_ctas, a.N, a.K, a.n_rows, plan.kb_per_split, 1, partial, counters);
 }
 
 }  // namespace

@@ -73,9 +73,6 @@ struct GroupedArgs {
   int row_ctas;               // ceil(N / 128)
   int N, K;
   int n_rows;                 // n = S*k (rows of y, partial sums)
-  // the lists were written two or more launches back (pdl_launch.cuh): the CTAs may read them, and
-  // ask L2 for their expert's first weight blocks, before the PDL wait
-  bool lists_settled = false;
 };
 // How the grouped GEMMs choose their K split (and their MMA): `invariant` (batch-invariant mode) takes the plan of
 // one row, whose entries can use min(E, k) expert slots (`one_row_slots`); see batch_invariance.cuh.
