@@ -301,12 +301,16 @@ TEST_F(DenseOps, LinearBf16TensorCores) {
     }
 }
 
-void check_grouped_linear(DenseOps& t, int64_t s, int groups, int64_t rpg, int64_t k) {
+// x is bf16-valued (the reference's einsum input), so the tensor-core path skips its lo MMAs; with
+// `fp32_part`, row S / 2 keeps fp32 values in its first K / 3 columns: the chunks there (and only
+// there, in that row's token tile) need the lo half.
+void check_grouped_linear(DenseOps& t, int64_t s, int groups, int64_t rpg, int64_t k, bool fp32_part = false) {
   SCOPED_TRACE("grouped S=" + std::to_string(s) + " G=" + std::to_string(groups) + " R=" + std::to_string(rpg) +
-               " K=" + std::to_string(k));
+               " K=" + std::to_string(k) + (fp32_part ? " with an fp32 part" : ""));
   OwnedWeight w = uniform_fp8_weight(t.rng(), groups * rpg, k, *t.gpu);
   std::vector<float> xv = random_activation(t.rng(), s, groups * k);
-  for (float& v : xv) v = quant::round_bf16(v);  // the reference's bf16 einsum input
+  for (int64_t i = 0; i < s * groups * k; ++i)
+    if (!fp32_part || i / (groups * k) != s / 2 || i % (groups * k) >= k / 3) xv[i] = quant::round_bf16(xv[i]);
   Tensor yc = t.cpu->grouped_linear(t.cpu->from_host_f32(xv, {s, groups * k}), w.w, groups);
   Tensor yg = t.gpu->grouped_linear(t.gpu->from_host_f32(xv, {s, groups * k}), w.w, groups);
   ASSERT_EQ(yg.shape, (std::vector<int64_t>{s, groups * rpg}));
@@ -330,6 +334,9 @@ TEST_F(DenseOps, GroupedLinear) {
   check_grouped_linear(*this, 64, 8, 1024, 4096);
   // wo_a at decode sizes: 8 K splits summed by each tile's last CTA (tokens x splits <= 32)
   for (int64_t s : {1, 3}) check_grouped_linear(*this, s, 8, 1024, 4096);
+  // lo MMAs skipped per chunk and token tile: fp32 values in part of one row
+  for (int64_t s : {1, 9, 65}) check_grouped_linear(*this, s, 2, 256, 512, true);
+  check_grouped_linear(*this, 64, 8, 1024, 4096, true);
 }
 
 TEST_F(DenseOps, EmbedBitExact) {

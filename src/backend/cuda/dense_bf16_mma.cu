@@ -5,7 +5,8 @@
 // weights stream in 0.31 ms, and 0.43 ms per layer for wo_a. x is split into bf16 hi + lo
 // (lo = bf16(x - hi)), two MMAs per tile: the products are exact to ~2^-16 relative for any fp32 x,
 // and exact for the bf16 values the model passes (lo = 0). The sums are the tensor core's fp32, not
-// fp64 rounded once / the CPU's order: within a few fp32 ulps of the CPU's.
+// fp64 rounded once / the CPU's order: within a few fp32 ulps of the CPU's. A chunk whose lo is zero
+// for every staged token (bf16-valued x) skips its lo MMAs, which would add exact zeros.
 //
 // CTA: 8 warps x 32 weight rows, 8 NT tokens. K in chunks of 64; the next chunk's weights and
 // activations load while this one computes. A lane's 16 weight values of a row per chunk feed the MMA
@@ -15,6 +16,9 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/dense_linear.cuh"
@@ -71,7 +75,7 @@ template <int NT, MmaWeight F>
 __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     bf16_mma_kernel(const float* __restrict__ x, int64_t x_stride, int rows_per_group, int S, const uint8_t* __restrict__ w,
                     const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int k_per_split,
-                    bool bf16_out, float* __restrict__ y, float* __restrict__ partial, unsigned* __restrict__ counters) {
+                    bool skip_zero_lo, bool bf16_out, float* __restrict__ y, float* __restrict__ partial, unsigned* __restrict__ counters) {
   ::di::cuda::grid_dependency_wait();
   constexpr int kTok = 8 * NT;
   constexpr bool kFp8 = F == MmaWeight::kFp8Block;
@@ -98,8 +102,10 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
                                   : make_uint4(0u, 0u, 0u, 0u);
     if constexpr (kFp8) sc = __ldg(sc_row + (k0 + 16 * q) / 32);
   };
-  // tokens x 64 fp32 of chunk k0 -> bf16 hi / lo, a float4 per thread step
+  // tokens x 64 fp32 of chunk k0 -> bf16 hi / lo, a float4 per thread step; true when this thread
+  // staged a nonzero lo
   auto stage_x = [&](int buf, int k0) {
+    bool lo_nonzero = false;
     for (int i = threadIdx.x; i < kTok * (kChunk / 4); i += kMmaThreads) {
       const int t = i / (kChunk / 4), c = i % (kChunk / 4);
       const float4 v = t < tokens ? __ldg(reinterpret_cast<const float4*>(xg + (t0 + t) * x_stride + k0) + c)
@@ -110,7 +116,10 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
       __nv_bfloat162* hi = reinterpret_cast<__nv_bfloat162*>(&xs[buf][0][t][4 * c]);
       __nv_bfloat162* lo = reinterpret_cast<__nv_bfloat162*>(&xs[buf][1][t][4 * c]);
       hi[0] = h01, hi[1] = h23, lo[0] = l01, lo[1] = l23;
+      const uint32_t lo_bits = *reinterpret_cast<const uint32_t*>(&l01) | *reinterpret_cast<const uint32_t*>(&l23);
+      lo_nonzero |= (lo_bits & 0x7FFF7FFFu) != 0u;  // -0 counts as zero
     }
+    return lo_nonzero;
   };
   // this CTA's K range (blockIdx.z of the split)
   const int k_begin = blockIdx.z * k_per_split, k_end = min(K, k_begin + k_per_split);
@@ -118,14 +127,16 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
   uint4 cur[2][2][kLoads], nxt[2][2][kLoads];
   uint32_t cur_sc = 0, nxt_sc = 0;
   load_w(cur, cur_sc, k_begin);
-  stage_x(0, k_begin);
-  __syncthreads();
+  // lo_used: the chunk's lo is nonzero somewhere in the CTA. Else its MMAs would add exact zeros
+  // (bf16-valued x such as wo_a's) and are skipped when skip_zero_lo: same sums, half the MMAs
+  bool lo_used = __syncthreads_or(stage_x(0, k_begin)) || !skip_zero_lo;
   const int nt_active = (tokens + 7) / 8;
   for (int k0 = k_begin, it = 0; k0 < k_end; k0 += kChunk, ++it) {
     const int buf = it & 1;
+    bool next_lo = false;
     if (k0 + kChunk < k_end) {
       load_w(nxt, nxt_sc, k0 + kChunk);
-      stage_x(buf ^ 1, k0 + kChunk);
+      next_lo = stage_x(buf ^ 1, k0 + kChunk);
     }
     uint32_t wv[2][2][8];  // [mt][h][word]: bf16 pairs
 #pragma unroll
@@ -142,28 +153,34 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
             wv[mt][h][4 + j] = word_of(cur[mt][h][kLoads - 1], j);
           }
         }
+    // the chunk's MMAs over kParts halves of x (hi, then lo); one unrolled body per count
+    auto mma_chunk = [&](auto parts) {
+      constexpr int kParts = decltype(parts)::value;
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      uint32_t a[2][4];
+      for (int s = 0; s < 4; ++s) {
+        uint32_t a[2][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        a[mt][0] = wv[mt][0][2 * s];
-        a[mt][1] = wv[mt][1][2 * s];
-        a[mt][2] = wv[mt][0][2 * s + 1];
-        a[mt][3] = wv[mt][1][2 * s + 1];
-      }
-      const int kk = step_k<F>(q, s);
+        for (int mt = 0; mt < 2; ++mt) {
+          a[mt][0] = wv[mt][0][2 * s];
+          a[mt][1] = wv[mt][1][2 * s];
+          a[mt][2] = wv[mt][0][2 * s + 1];
+          a[mt][3] = wv[mt][1][2 * s + 1];
+        }
+        const int kk = step_k<F>(q, s);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        if (nt >= nt_active) break;
+        for (int nt = 0; nt < NT; ++nt) {
+          if (nt >= nt_active) break;
 #pragma unroll
-        for (int part = 0; part < 2; ++part) {  // hi, then lo
-          const uint2 b = *reinterpret_cast<const uint2*>(&xs[buf][part][nt * 8 + g][kk]);
+          for (int part = 0; part < kParts; ++part) {
+            const uint2 b = *reinterpret_cast<const uint2*>(&xs[buf][part][nt * 8 + g][kk]);
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) mma::mma_bf16(acc[mt][nt], a[mt], b.x, b.y);
+            for (int mt = 0; mt < 2; ++mt) mma::mma_bf16(acc[mt][nt], a[mt], b.x, b.y);
+          }
         }
       }
-    }
+    };
+    if (lo_used) mma_chunk(std::integral_constant<int, 2>{});
+    else mma_chunk(std::integral_constant<int, 1>{});
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -171,7 +188,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
 #pragma unroll
         for (int l = 0; l < kLoads; ++l) cur[mt][h][l] = nxt[mt][h][l];
     cur_sc = nxt_sc;
-    __syncthreads();  // buffer `buf` is read; the other one is staged
+    lo_used = __syncthreads_or(next_lo) || !skip_zero_lo;  // buffer `buf` is read; the other one is staged
   }
   mma::for_each_acc(acc, row0, N, tokens, [&](int r, int t, float v) {
     const int64_t at = static_cast<int64_t>(t0 + t) * N + r;
@@ -183,6 +200,15 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     return;
   static_assert(kMmaThreads == kRowsPerCta, "one fix-up thread per row");
   mma::fixup_rows(partial, y, blockIdx.x * kRowsPerCta, t0, tokens, S, N, static_cast<int>(gridDim.z), bf16_out);
+}
+
+// DEEPINFER_SKIP_ZERO_LO=0 runs the lo MMAs of every chunk (A/B of the skip; same results)
+bool skip_zero_lo() {
+  static const bool on = [] {
+    const char* v = std::getenv("DEEPINFER_SKIP_ZERO_LO");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
 }
 
 // K splits: a CTA streams its rows' weights one 64-wide chunk at a time, so few row CTAs (wo_a: 32 of
@@ -204,7 +230,7 @@ void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, 
   unsigned* counters = fixup ? workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(grid.x) * grid.y) : nullptr;
   ::di::cuda::launch(bf16_mma_kernel<NT, F>, grid, kMmaThreads, 0, x, x_stride, rows_per_group, static_cast<int>(S),
                      wdata(w), F == MmaWeight::kFp8Block ? wscale(w) : nullptr, w.scale_cols, static_cast<int>(w.rows),
-                     static_cast<int>(w.cols), static_cast<int>(per_split), bf16_out, y, partial, counters);
+                     static_cast<int>(w.cols), static_cast<int>(per_split), skip_zero_lo(), bf16_out, y, partial, counters);
   if (partial && !fixup) reduce_splits(partial, static_cast<int>(used), S * w.rows, bf16_out, y);
 }
 
