@@ -75,7 +75,8 @@ template <int NT, MmaWeight F>
 __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     bf16_mma_kernel(const float* __restrict__ x, int64_t x_stride, int rows_per_group, int S, const uint8_t* __restrict__ w,
                     const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int k_per_split,
-                    bool skip_zero_lo, bool bf16_out, float* __restrict__ y, float* __restrict__ partial, unsigned* __restrict__ counters) {
+                    bool skip_zero_lo, bool bf16_out, float* __restrict__ y, float* __restrict__ partial,
+                    unsigned* __restrict__ counters) {
   ::di::cuda::grid_dependency_wait();
   constexpr int kTok = 8 * NT;
   constexpr bool kFp8 = F == MmaWeight::kFp8Block;
