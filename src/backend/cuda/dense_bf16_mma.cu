@@ -16,8 +16,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -25,6 +23,7 @@
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/pdl_launch.cuh"
+#include "core/env_switch.h"
 
 namespace di::cuda::dense {
 namespace {
@@ -205,10 +204,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
 
 // DEEPINFER_SKIP_ZERO_LO=0 runs the lo MMAs of every chunk (A/B of the skip; same results)
 bool skip_zero_lo() {
-  static const bool on = [] {
-    const char* v = std::getenv("DEEPINFER_SKIP_ZERO_LO");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = env_switch_on("DEEPINFER_SKIP_ZERO_LO");
   return on;
 }
 

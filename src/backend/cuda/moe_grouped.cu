@@ -12,9 +12,7 @@
 // Batch-invariant mode: the K split is the one-row plan at every S (batch_invariance.cuh), run inside
 // each CTA when split CTAs would not fit in one wave.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
-#include <string_view>
 #include <type_traits>
 
 #include "backend/cuda/batch_invariance.cuh"
@@ -28,6 +26,7 @@
 #include "backend/cuda/moe_kernels.cuh"
 #include "backend/cuda/moe_select.cuh"
 #include "backend/cuda/pdl_launch.cuh"
+#include "core/env_switch.h"
 
 namespace di::cuda::moe {
 namespace {
@@ -333,10 +332,8 @@ bool fused_shape(int64_t s, int64_t n_exp) { return s >= 1 && s * n_exp <= kFuse
 }  // namespace
 
 bool route_fused_fits(int64_t s, int64_t n_exp) {
-  static const bool on = [] {  // DEEPINFER_FUSED_ROUTING=0: the three launches (to measure what fusing gains)
-    const char* v = std::getenv("DEEPINFER_FUSED_ROUTING");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  // DEEPINFER_FUSED_ROUTING=0: the three launches (to measure what fusing gains)
+  static const bool on = env_switch_on("DEEPINFER_FUSED_ROUTING");
   return on && fused_shape(s, n_exp);
 }
 

@@ -13,12 +13,11 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <string_view>
 #include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/side_stream.cuh"
+#include "core/env_switch.h"
 
 namespace di::cuda {
 
@@ -32,10 +31,7 @@ __device__ __forceinline__ void grid_dependency_wait() {
 
 // Whether launches carry the PDL attribute: yes unless DEEPINFER_PDL=0 (for measuring).
 inline bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("DEEPINFER_PDL");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool on = env_switch_on("DEEPINFER_PDL");
   return on;
 }
 

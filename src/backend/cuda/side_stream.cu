@@ -1,10 +1,8 @@
 // The main / side stream switch of the CUDA backend (side_stream.cuh).
-#include <cstdlib>
-#include <string_view>
-
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/device_memory.cuh"
 #include "backend/cuda/side_stream.cuh"
+#include "core/env_switch.h"
 
 namespace di::cuda {
 namespace {
@@ -27,10 +25,7 @@ Streams& streams() {
 }
 
 bool side_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("DEEPINFER_SIDE_STREAM");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool on = env_switch_on("DEEPINFER_SIDE_STREAM");
   return on;
 }
 
