@@ -36,6 +36,10 @@ struct MoeRoute {
   Tensor experts;  // [S, k] i32 expert ids
 };
 
+class Backend;
+// A copy of `t` in new storage of the same backend (t itself when it holds nothing).
+Tensor copy_tensor(Backend& b, const Tensor& t);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -121,6 +125,19 @@ class Backend {
 
   // --- quantize-dequantize (spec §2.8), in place, per row ------------------------------------------
   virtual void qdq(Tensor& x, RowFormat format) = 0;
+  // rope(x, ...) then qdq(x, format), in place; rmsnorm_rope_qdq: x = rmsnorm(x, norm, eps) first, in
+  // a new tensor (the keys' and index keys' chains). The CUDA backend fuses each chain into one launch.
+  virtual void rope_qdq(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
+                        const RopeTable& table, RowFormat format) {
+    rope(x, heads, head_dim, rope_dim, positions, table, false);
+    qdq(x, format);
+  }
+  virtual Tensor rmsnorm_rope_qdq(const Tensor& x, const Weight& norm, float eps, int heads, int head_dim, int rope_dim,
+                                  const std::vector<int64_t>& positions, const RopeTable& table, RowFormat format) {
+    Tensor y = rmsnorm(x, norm, eps);
+    rope_qdq(y, heads, head_dim, rope_dim, positions, table, format);
+    return y;
+  }
   // Packs rows of x (already quantize-dequantized) into cache rows at `slots`; reads them back.
   virtual void pack_rows(const Tensor& x, RowFormat format, Tensor& cache, const std::vector<int64_t>& slots) = 0;
   virtual Tensor unpack_rows(const Tensor& cache, RowFormat format, int64_t dim, const std::vector<int64_t>& slots) = 0;
@@ -166,6 +183,15 @@ class Backend {
   // idx [S, L] I32, table_start [S], table: the page ids of every row's sequence, concatenated.
   virtual void map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start, const std::vector<int32_t>& table,
                               int64_t rows_per_page, int64_t base) = 0;
+  // head [S, a] ++ ids [S, b] mapped as map_paged_rows maps them -> [S, a + b] I32; ids is not changed.
+  // The attention's index lists (window ++ top-k); one launch on CUDA instead of a copy, the map and
+  // the concatenation.
+  virtual Tensor concat_paged_rows(const Tensor& head, const Tensor& ids, const std::vector<int64_t>& table_start,
+                                   const std::vector<int32_t>& table, int64_t rows_per_page, int64_t base) {
+    Tensor mapped = copy_tensor(*this, ids);
+    map_paged_rows(mapped, table_start, table, rows_per_page, base);
+    return concat_cols(head, mapped);
+  }
   // Pool rows of paged sequences: the first lengths[p] rows of part p, parts concatenated, row i of
   // part p -> table[table_start[p] + i / rows_per_page] * rows_per_page + i % rows_per_page. I32
   // [sum of lengths]. The host sends the page tables only (the batched indexer's row list is 8 MB at
@@ -233,8 +259,6 @@ auto run_beside(Backend& b, F&& f) {
   return f();
 }
 
-// A copy of `t` in new storage of the same backend (t itself when it holds nothing).
-Tensor copy_tensor(Backend& b, const Tensor& t);
 
 // index_scores with key offsets: the output width, max(visible) (0 for no rows); and the check that
 // every row's keys [offset, offset + visible) lie in the `key_rows` keys (throws di::Error).

@@ -97,10 +97,14 @@ auto ProfilingBackend::timed(const std::string& label, double bytes, double flop
   if (time) synchronize();
   const auto t0 = Clock::now();
   auto record = [&] {
+    const auto issued = Clock::now();
     if (time) synchronize();
     OpStats& s = ops_[{section_, label}];
     s.calls += 1;
-    if (time) s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (time) {
+      s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      s.host_seconds += std::chrono::duration<double>(issued - t0).count();
+    }
     s.bytes += bytes;
     s.flops += flops;
     s.fp8 = fp8;
@@ -223,6 +227,21 @@ void ProfilingBackend::qdq(Tensor& x, RowFormat format) {
   timed("qdq", 2.0 * tensor_bytes(x), 0, false, [&] { inner_.qdq(x, format); });
 }
 
+void ProfilingBackend::rope_qdq(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
+                                const RopeTable& table, RowFormat format) {
+  timed("rope_qdq", 2.0 * tensor_bytes(x), 0, false,
+        [&] { inner_.rope_qdq(x, heads, head_dim, rope_dim, positions, table, format); });
+}
+
+Tensor ProfilingBackend::rmsnorm_rope_qdq(const Tensor& x, const Weight& norm, float eps, int heads, int head_dim,
+                                          int rope_dim, const std::vector<int64_t>& positions, const RopeTable& table,
+                                          RowFormat format) {
+  const double bytes = 2.0 * tensor_bytes(x) + weight_storage_bytes(norm);
+  return track(timed("rmsnorm_rope_qdq", bytes, 0, false, [&] {
+    return inner_.rmsnorm_rope_qdq(x, norm, eps, heads, head_dim, rope_dim, positions, table, format);
+  }));
+}
+
 void ProfilingBackend::pack_rows(const Tensor& x, RowFormat format, Tensor& cache, const std::vector<int64_t>& slots) {
   const double bytes = tensor_bytes(x) + static_cast<double>(slots.size()) * packed_row_bytes(format, x.row_size());
   timed("pack_rows", bytes, 0, false, [&] { inner_.pack_rows(x, format, cache, slots); });
@@ -305,6 +324,13 @@ void ProfilingBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& t
                                       const std::vector<int32_t>& table, int64_t rows_per_page, int64_t base) {
   timed("map_paged_rows", 2.0 * tensor_bytes(idx), 0, false,
         [&] { inner_.map_paged_rows(idx, table_start, table, rows_per_page, base); });
+}
+
+Tensor ProfilingBackend::concat_paged_rows(const Tensor& head, const Tensor& ids, const std::vector<int64_t>& table_start,
+                                           const std::vector<int32_t>& table, int64_t rows_per_page, int64_t base) {
+  const double bytes = 2.0 * (tensor_bytes(head) + tensor_bytes(ids)) + 8.0 * table_start.size() + 4.0 * table.size();
+  return track(timed("concat_paged_rows", bytes, 0, false,
+                     [&] { return inner_.concat_paged_rows(head, ids, table_start, table, rows_per_page, base); }));
 }
 
 Tensor ProfilingBackend::paged_row_list(const std::vector<int64_t>& lengths, const std::vector<int64_t>& table_start,

@@ -96,9 +96,8 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   for (const BatchPart& p : batch.parts) rings.push_back(p.state->layers[layer].window);
   Tensor keys;  // [ring rows + rows, Dh]
   run_beside(be, [&] {
-    r.kv = be.rmsnorm(be.linear(x, a.wkv), a.kv_norm, eps);  // [rows, Dh]
-    be.rope(r.kv, 1, dh, rd, batch.positions, rope_[layer], false);
-    be.qdq(r.kv, RowFormat::kFp8Ue8m0);
+    r.kv = be.rmsnorm_rope_qdq(be.linear(x, a.wkv), a.kv_norm, eps, 1, dh, rd, batch.positions, rope_[layer],
+                               RowFormat::kFp8Ue8m0);  // [rows, Dh]
     keys = r.kv;
     if (batch.ring_rows > 0) {  // the rings are read (one launch) before this step writes them
       keys = be.alloc(TType::kF32, {batch.ring_rows + batch.rows, dh});
@@ -126,8 +125,7 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   be.rope(r.q, heads, dh, rd, batch.q_positions, rope_[layer], false);
   if (ls.mode == AttnMode::kFull || ls.mode == AttnMode::kReindex) {
     r.qi = be.linear(r.qr, a.idx_wq_b);  // [q rows, nIH * ihd]
-    be.rope(r.qi, cfg_.index_n_heads, ihd, rd, batch.q_positions, rope_[layer], false);
-    be.qdq(r.qi, RowFormat::kFp4Ue8m0);
+    be.rope_qdq(r.qi, cfg_.index_n_heads, ihd, rd, batch.q_positions, rope_[layer], RowFormat::kFp4Ue8m0);
     r.wts = be.linear(r.xq, a.idx_weights_proj);  // [q rows, nIH]
     be.scale_bf16(r.wts, static_cast<float>(std::pow(ihd, -0.5) * std::pow(cfg_.index_n_heads, -0.5)));
   }
@@ -155,7 +153,7 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   }
   // the parts' row ids -> pool rows of the source, after the keys in kv
   const int64_t per_page = ls.ratio > 0 ? kv_pool_->rows_per_page(ls.kv_source) : 0, base = keys.rows();
-  auto to_pool_rows = [&](Tensor& ids, size_t first, size_t n) {
+  auto with_pool_rows = [&](const Tensor& head, const Tensor& ids, size_t first, size_t n) {
     std::vector<int64_t> table_start;
     std::vector<int32_t> table;
     for (size_t pi = first; pi < first + n; ++pi) {
@@ -164,9 +162,9 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
       table_start.insert(table_start.end(), static_cast<size_t>(p.q.rows), static_cast<int64_t>(table.size()));
       for (const PageRef& page : p.state->pages) table.push_back(static_cast<int32_t>(page->id()));
     }
-    be.map_paged_rows(ids, table_start, table, per_page, base);
+    return be.concat_paged_rows(head, ids, table_start, table, per_page, base);
   };
-  Tensor idx = attention_lists(wl, lists, list_width, batch, to_pool_rows);  // [q rows, window ++ top-k]
+  Tensor idx = attention_lists(wl, lists, list_width, batch, with_pool_rows);  // [q rows, window ++ top-k]
   be.side_wait(keys_ready);
   Tensor o = be.sparse_attention(r.q, heads, keys, idx, a.attn_sink, 1.0f / std::sqrt(static_cast<float>(dh)), kv_more,
                                  RowFormat::kFp4E4m3);
@@ -197,19 +195,14 @@ const WindowLists& Model::window_lists_of(Batch& batch) {
 }
 
 Tensor Model::attention_lists(const WindowLists& wl, const std::vector<Tensor>& lists, int64_t width, Batch& batch,
-                              const std::function<void(Tensor&, size_t, size_t)>& to_pool_rows) {
+                              const WithPoolRows& with_pool_rows) {
   Backend& be = backend_;
   const size_t np = batch.parts.size();
   if (lists.size() == 1 && np > 1) {  // one list of every query row (compressed_branch_batch)
-    if (!wl.all.empty()) {
-      if (width == 0) return wl.all;
-      Tensor top = copy_tensor(be, lists[0]);  // mapped in place: it may be a Reuse layer's source list
-      to_pool_rows(top, 0, np);
-      return be.concat_cols(wl.all, top);
-    }
+    if (!wl.all.empty()) return width == 0 ? wl.all : with_pool_rows(wl.all, lists[0], 0, np);
     std::vector<Tensor> views;  // window widths differ: the per-part path over row views
     for (const BatchPart& p : batch.parts) views.push_back(row_view(lists[0], p.q.row0, p.q.rows));
-    return attention_lists(wl, views, width, batch, to_pool_rows);
+    return attention_lists(wl, views, width, batch, with_pool_rows);
   }
   // a part's list, padded with -1 to `width` at its end: a -1 after every entry of a row changes no
   // sum (CPU or GPU), a -1 between entries would (GPU block sums pair entries by list place)
@@ -228,10 +221,8 @@ Tensor Model::attention_lists(const WindowLists& wl, const std::vector<Tensor>& 
   };
   if (!wl.all.empty()) {  // one window width: [window lists ; top-k lists padded to one width]
     if (width == 0) return wl.all;
-    Tensor top = gather([&](size_t pi) { return padded(lists[pi], batch.parts[pi].q.rows, width); }, width);
-    if (np == 1) top = copy_tensor(be, top);  // mapped in place: the list may be a Reuse layer's source list
-    to_pool_rows(top, 0, np);
-    return be.concat_cols(wl.all, top);
+    const Tensor top = gather([&](size_t pi) { return padded(lists[pi], batch.parts[pi].q.rows, width); }, width);
+    return with_pool_rows(wl.all, top, 0, np);
   }
   // window widths differ (reference layout, prefill chunks shorter than the window): per part
   // [window ; top-k], padded to the widest
@@ -242,10 +233,7 @@ Tensor Model::attention_lists(const WindowLists& wl, const std::vector<Tensor>& 
         const int64_t nq = batch.parts[pi].q.rows;
         Tensor w = be.from_host_i32(wl.parts[pi], {nq, wl.len[pi]});
         if (lists[pi].empty() || lists[pi].row_size() == 0) return padded(w, nq, widest);
-        Tensor top = copy_tensor(be, lists[pi]);
-        to_pool_rows(top, pi, 1);
-        Tensor row = be.concat_cols(w, top);
-        return padded(row, nq, widest);
+        return padded(with_pool_rows(w, lists[pi], pi, 1), nq, widest);
       },
       widest);
 }
@@ -342,12 +330,10 @@ void Model::compress(int layer, const AttnRows& r, Batch& batch) {
     be.round_bf16(latent);
     latent = be.rmsnorm(latent, a.comp_norm, eps);
   }
-  Tensor k = be.rmsnorm(be.linear(latent, a.idx_wk), a.idx_k_norm, eps);  // [total, ihd]
-  be.rope(k, 1, ihd, rd, gpos, rope_[layer], false);
-  be.qdq(k, RowFormat::kFp4Ue8m0);
+  const Tensor k = be.rmsnorm_rope_qdq(be.linear(latent, a.idx_wk), a.idx_k_norm, eps, 1, ihd, rd, gpos, rope_[layer],
+                                      RowFormat::kFp4Ue8m0);  // [total, ihd]
   be.pack_rows(k, RowFormat::kFp4Ue8m0, kv_pool_->index_keys(layer), slots);
-  be.rope(latent, 1, dh, rd, gpos, rope_[layer], false);
-  be.qdq(latent, RowFormat::kFp4E4m3);
+  be.rope_qdq(latent, 1, dh, rd, gpos, rope_[layer], RowFormat::kFp4E4m3);
   be.pack_rows(latent, RowFormat::kFp4E4m3, kv_pool_->comp(layer), slots);
 }
 
@@ -475,9 +461,8 @@ Tensor Model::dspark_attention(int layer, const Tensor& x, const std::vector<int
   Tensor qr = be.rmsnorm(be.linear(x, a.wq_a), a.q_norm, eps);
   Tensor q = be.linear(qr, a.wq_b);
   be.rope(q, heads, dh, rd, positions, rope_[layer], false);
-  Tensor kv = be.rmsnorm(be.linear(x, a.wkv), a.kv_norm, eps);
-  be.rope(kv, 1, dh, rd, positions, rope_[layer], false);
-  be.qdq(kv, RowFormat::kFp8Ue8m0);
+  Tensor kv = be.rmsnorm_rope_qdq(be.linear(x, a.wkv), a.kv_norm, eps, 1, dh, rd, positions, rope_[layer],
+                                  RowFormat::kFp8Ue8m0);
   // keys: the ring slots filled so far, then every block row (non-causal inside the block)
   Tensor keys = concat_rows(be, be.unpack_rows(cache.window, RowFormat::kFp8Ue8m0, dh, iota_slots(0, win)), kv);
   int64_t filled = std::min<int64_t>(win, last + 1), len = filled + n;

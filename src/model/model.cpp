@@ -145,9 +145,8 @@ void Model::dspark_seed(SequenceState& state, const Tensor& features, int64_t fi
   for (int s = 0; s < cfg_.n_mtp_layers; ++s) {
     int layer = cfg_.n_layers + s;
     const AttentionWeights& a = w_.layers[layer].attn;
-    Tensor kv = backend_.rmsnorm(backend_.linear(main_x, a.wkv), a.kv_norm, eps);
-    backend_.rope(kv, 1, cfg_.head_dim, cfg_.rope_dim, positions, rope_[layer], false);
-    backend_.qdq(kv, RowFormat::kFp8Ue8m0);
+    Tensor kv = backend_.rmsnorm_rope_qdq(backend_.linear(main_x, a.wkv), a.kv_norm, eps, 1, cfg_.head_dim,
+                                          cfg_.rope_dim, positions, rope_[layer], RowFormat::kFp8Ue8m0);
     int64_t first_row = std::max<int64_t>(0, n - win);
     Tensor tail = backend_.alloc(TType::kF32, {n - first_row, kv.row_size()});
     backend_.copy_rows(tail, 0, kv, first_row, n - first_row);

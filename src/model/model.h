@@ -167,9 +167,11 @@ class Model {
   // The batch's window lists for its current row layout (built on the host once per layout).
   const WindowLists& window_lists_of(Batch& batch);
   // [q rows, window ++ top-k] lists of the whole batch; `lists` per part, `width` the widest;
-  // to_pool_rows(ids, first part, parts) maps the parts' row ids to key ids of the page pool.
+  // with_pool_rows(head, ids, first part, parts) = head ++ the parts' row ids mapped to key ids of the
+  // page pool (ids unchanged: it may be a Reuse layer's source list).
+  using WithPoolRows = std::function<Tensor(const Tensor&, const Tensor&, size_t, size_t)>;
   Tensor attention_lists(const WindowLists& wl, const std::vector<Tensor>& lists, int64_t width, Batch& batch,
-                         const std::function<void(Tensor&, size_t, size_t)>& to_pool_rows);
+                         const WithPoolRows& with_pool_rows);
   Tensor attention_output(int layer, Tensor& o, const std::vector<int64_t>& positions);
   // Engram: appends ids to the history (cut to `start` first) and hashes them: [n][slot][col] rows.
   std::vector<int32_t> engram_hashes(SequenceState& state, int64_t start, const std::vector<int32_t>& ids);

@@ -61,6 +61,14 @@ class EpBackend final : public Backend {
   void round_bf16(Tensor& x) override { inner_.round_bf16(x); }
   void scale_bf16(Tensor& x, float f) override { inner_.scale_bf16(x, f); }
   void qdq(Tensor& x, RowFormat f) override { inner_.qdq(x, f); }
+  void rope_qdq(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
+                const RopeTable& table, RowFormat f) override {
+    inner_.rope_qdq(x, heads, head_dim, rope_dim, positions, table, f);
+  }
+  Tensor rmsnorm_rope_qdq(const Tensor& x, const Weight& norm, float eps, int heads, int head_dim, int rope_dim,
+                          const std::vector<int64_t>& positions, const RopeTable& table, RowFormat f) override {
+    return inner_.rmsnorm_rope_qdq(x, norm, eps, heads, head_dim, rope_dim, positions, table, f);
+  }
   void pack_rows(const Tensor& x, RowFormat f, Tensor& cache, const std::vector<int64_t>& slots) override {
     inner_.pack_rows(x, f, cache, slots);
   }
@@ -94,6 +102,10 @@ class EpBackend final : public Backend {
   void map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start, const std::vector<int32_t>& table,
                       int64_t rows_per_page, int64_t base) override {
     inner_.map_paged_rows(idx, table_start, table, rows_per_page, base);
+  }
+  Tensor concat_paged_rows(const Tensor& head, const Tensor& ids, const std::vector<int64_t>& table_start,
+                           const std::vector<int32_t>& table, int64_t rows_per_page, int64_t base) override {
+    return inner_.concat_paged_rows(head, ids, table_start, table, rows_per_page, base);
   }
   Tensor paged_row_list(const std::vector<int64_t>& lengths, const std::vector<int64_t>& table_start,
                         const std::vector<int32_t>& table, int64_t rows_per_page) override {

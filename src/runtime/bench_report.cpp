@@ -95,14 +95,16 @@ void print_bench_tables(const std::vector<BenchRecord>& rs, std::FILE* out, int 
   }
   for (const auto& [key, list] : ops) {
     struct Agg {
-      double t = 0, bytes = 0, flops = 0, floor = 0;
+      double t = 0, host = 0, bytes = 0, flops = 0, floor = 0;
       int64_t calls = 0;
     };
     std::map<std::string, Agg> agg;
-    double total = 0;
+    double total = 0, host_total = 0;
     for (const BenchRecord* r : list) {
       Agg& a = agg[str(*r, "op")];
       a.t += num(*r, "time_us");
+      a.host += num(*r, "host_us");
+      host_total += num(*r, "host_us");
       a.bytes += num(*r, "bytes");
       a.flops += num(*r, "flops");
       a.floor += num(*r, "floor_us");
@@ -111,15 +113,16 @@ void print_bench_tables(const std::vector<BenchRecord>& rs, std::FILE* out, int 
     }
     std::vector<std::pair<std::string, Agg>> sorted(agg.begin(), agg.end());
     std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.t > b.second.t; });
-    std::fprintf(out, "\nops, %s (all layers; op-synced total %.1f us; top %d)\n", pass_name(key).c_str(), total, top_ops);
-    std::fprintf(out, "  %-44s %6s %11s %6s %10s %8s %9s %7s\n", "op", "calls", "time us", "%", "MB", "TB/s", "TFLOP/s",
-                 "eff %");
+    std::fprintf(out, "\nops, %s (all layers; op-synced total %.1f us, of it %.1f us issuing on the host; top %d)\n",
+                 pass_name(key).c_str(), total, host_total, top_ops);
+    std::fprintf(out, "  %-44s %6s %11s %6s %9s %10s %8s %9s %7s\n", "op", "calls", "time us", "%", "host us", "MB", "TB/s",
+                 "TFLOP/s", "eff %");
     int shown = 0;
     for (const auto& [name, a] : sorted) {
       if (shown++ >= top_ops) break;
       const double s = a.t * 1e-6;
-      std::fprintf(out, "  %-44s %6lld %11.1f %6.1f %10.2f %8.3f %9.3f %7.2f\n", name.c_str(),
-                   static_cast<long long>(a.calls), a.t, total > 0 ? 100 * a.t / total : 0.0, a.bytes / 1e6,
+      std::fprintf(out, "  %-44s %6lld %11.1f %6.1f %9.1f %10.2f %8.3f %9.3f %7.2f\n", name.c_str(),
+                   static_cast<long long>(a.calls), a.t, total > 0 ? 100 * a.t / total : 0.0, a.host, a.bytes / 1e6,
                    s > 0 ? a.bytes / s / 1e12 : 0.0, s > 0 ? a.flops / s / 1e12 : 0.0, a.t > 0 ? 100 * a.floor / a.t : 0.0);
     }
   }

@@ -225,6 +225,7 @@ void emit_ops(Ctx& c, const char* phase, int64_t context, int batch) {
     r["op"] = key.second;
     r["calls"] = s.calls;
     r["time_us"] = round_to(s.seconds * 1e6, 1e-3);
+    r["host_us"] = round_to(s.host_seconds * 1e6, 1e-3);
     add_rates(r, s.seconds, s.bytes, s.flops, op_floor_s(s, c.ceil));
     c.sink(r);
   }

@@ -87,7 +87,7 @@ for p in passes:
             errors.append(f"{p}: no layer of kind '{k}' (have {sorted(found)})")
 ops = by.get("op", [])
 for r in ops:
-    need(r, "layer", "layer_kind", "op", "calls", "time_us", "bytes", "flops", "tb_s", "tflop_s", "efficiency")
+    need(r, "layer", "layer_kind", "op", "calls", "time_us", "host_us", "bytes", "flops", "tb_s", "tflop_s", "efficiency")
     if r["calls"] < 1 or r["time_us"] < 0:
         errors.append(f"implausible op record {r}")
 names = {r["op"] for r in ops}

@@ -380,6 +380,46 @@ TEST_F(AttentionOps, MapPagedRowsExact) {
   EXPECT_EQ(gpu->to_host_i32(g), cpu->to_host_i32(c)) << seed_note();
 }
 
+// head ++ mapped ids in one launch (the attention's index lists) == the CPU's copy, map and concat;
+// ids unchanged. Widths as at decode (window 128 ++ top-k 512), small ones, a row view of the ids (a
+// part of the batched indexer's list), and a batch without pages (nothing to map).
+TEST_F(AttentionOps, ConcatPagedRowsExact) {
+  Rng& r = rng();
+  const int64_t per_page = 64;
+  for (auto [rows, a, b, view] : {std::tuple<int64_t, int64_t, int64_t, bool>{1, 128, 512, false},
+                                  {37, 128, 512, false}, {9, 5, 1, false}, {6, 3, 70, true}}) {
+    SCOPED_TRACE("rows=" + std::to_string(rows) + " a=" + std::to_string(a) + " b=" + std::to_string(b));
+    const int64_t id_rows = view ? rows + 4 : rows;
+    std::vector<int64_t> start;
+    std::vector<int32_t> table;
+    std::vector<int32_t> head(static_cast<size_t>(rows * a)), ids(static_cast<size_t>(id_rows * b));
+    for (int32_t& v : head) v = r.uniform(0, 1) < 0.1f ? -1 : static_cast<int32_t>(r.uniform_int(0, 100000));
+    for (int64_t i = 0; i < id_rows; ++i) {
+      const int64_t pages = r.uniform_int(1, 12);
+      if (!view || (i >= 2 && i < 2 + rows)) start.push_back(static_cast<int64_t>(table.size()));
+      for (int64_t p = 0; p < pages; ++p) table.push_back(static_cast<int32_t>(r.uniform_int(0, 5000)));
+      for (int64_t j = 0; j < b; ++j)
+        ids[i * b + j] = r.uniform(0, 1) < 0.2f ? -1 : static_cast<int32_t>(r.uniform_int(0, pages * per_page - 1));
+    }
+    const Tensor hc = cpu->from_host_i32(head, {rows, a}), hg = gpu->from_host_i32(head, {rows, a});
+    const Tensor ic_all = cpu->from_host_i32(ids, {id_rows, b}), ig_all = gpu->from_host_i32(ids, {id_rows, b});
+    const Tensor ic = view ? row_view(ic_all, 2, rows) : ic_all, ig = view ? row_view(ig_all, 2, rows) : ig_all;
+    const Tensor want = cpu->concat_paged_rows(hc, ic, start, table, per_page, 777);
+    const Tensor got = gpu->concat_paged_rows(hg, ig, start, table, per_page, 777);
+    ASSERT_EQ(got.shape, (std::vector<int64_t>{rows, a + b}));
+    EXPECT_EQ(gpu->to_host_i32(got), cpu->to_host_i32(want)) << seed_note();
+    EXPECT_EQ(gpu->to_host_i32(ig_all), ids) << "the ids must not change, " << seed_note();
+    if (!view) {  // no pages: the plain concatenation (every id must be -1 then; none is mapped)
+      std::vector<int32_t> none(static_cast<size_t>(rows * b), -1);
+      const Tensor n_c = cpu->from_host_i32(none, {rows, b}), n_g = gpu->from_host_i32(none, {rows, b});
+      const std::vector<int64_t> zeros(static_cast<size_t>(rows), 0);
+      EXPECT_EQ(gpu->to_host_i32(gpu->concat_paged_rows(hg, n_g, zeros, {}, per_page, 777)),
+                cpu->to_host_i32(cpu->concat_paged_rows(hc, n_c, zeros, {}, per_page, 777)))
+          << seed_note();
+    }
+  }
+}
+
 // ---- softmax pooling ------------------------------------------------------------------------------
 
 TEST_F(AttentionOps, SoftmaxPool) {

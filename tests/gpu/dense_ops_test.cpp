@@ -473,6 +473,73 @@ TEST_F(DenseOps, QdqBitExact) {
     }
 }
 
+// The fused chains (rope_qdq, rmsnorm_rope_qdq: one launch each) against the same ops one by one on
+// the GPU, bit for bit -- the separate ops are held to the CPU above. Shapes: the window keys (1 x 512,
+// FP8), the compressed latents (1 x 512, FP4 E4M3), the index keys (1 x 128) and index queries (64 x
+// 128, FP4 UE8M0), a fully rotated head, odd widths; rows 1 .. 130. A width that is no multiple of 32
+// (144) takes the unfused path and must agree as well.
+struct RopeQdqCase {
+  int heads, head_dim, rope_dim;
+  RowFormat f;
+};
+const RopeQdqCase kRopeQdqCases[] = {{1, 512, 64, RowFormat::kFp8Ue8m0}, {1, 512, 64, RowFormat::kFp4E4m3},
+                                     {1, 128, 64, RowFormat::kFp4Ue8m0}, {64, 128, 64, RowFormat::kFp4Ue8m0},
+                                     {3, 96, 32, RowFormat::kFp8Ue8m0},  {2, 64, 64, RowFormat::kFp4E4m3},
+                                     {3, 48, 16, RowFormat::kFp4E4m3}};
+
+RopeTable random_rope_table(Rng& rng, int rope_dim) {
+  RopeTable table;
+  for (int i = 0; i < rope_dim / 2; ++i)
+    table.freqs.push_back(static_cast<float>(std::pow(10000.0, -2.0 * i / rope_dim)) * rng.uniform(0.25f, 1.0f));
+  return table;
+}
+
+std::vector<int64_t> random_positions(Rng& rng, int64_t s) {
+  std::vector<int64_t> pos(static_cast<size_t>(s));
+  for (int64_t& p : pos) p = rng.uniform_int(0, 200000);
+  return pos;
+}
+
+TEST_F(DenseOps, RopeQdqFusedExact) {
+  for (const RopeQdqCase& rc : kRopeQdqCases)
+    for (int64_t s : {1, 3, 17, 130}) {
+      const int64_t n = static_cast<int64_t>(rc.heads) * rc.head_dim;
+      SCOPED_TRACE(std::string("rope_qdq ") + format_name(rc.f) + " heads=" + std::to_string(rc.heads) + " dh=" +
+                   std::to_string(rc.head_dim) + " rd=" + std::to_string(rc.rope_dim) + " S=" + std::to_string(s));
+      const RopeTable table = random_rope_table(rng(), rc.rope_dim);
+      const std::vector<int64_t> pos = random_positions(rng(), s);
+      const std::vector<float> xv = random_activation(rng(), s, n);
+      Tensor fused = gpu->from_host_f32(xv, {s, n}), steps = gpu->from_host_f32(xv, {s, n});
+      gpu->rope_qdq(fused, rc.heads, rc.head_dim, rc.rope_dim, pos, table, rc.f);
+      gpu->rope(steps, rc.heads, rc.head_dim, rc.rope_dim, pos, table, false);
+      gpu->qdq(steps, rc.f);
+      const Compare c = compare(gpu->to_host_f32(fused), gpu->to_host_f32(steps));
+      EXPECT_EQ(c.mismatches, 0) << c.str() << ", " << seed_note();
+    }
+}
+
+TEST_F(DenseOps, RmsnormRopeQdqFusedExact) {
+  for (const RopeQdqCase& rc : kRopeQdqCases)
+    for (DType dt : {DType::kBF16, DType::kF32})
+      for (int64_t s : {1, 3, 17, 130}) {
+        const int64_t n = static_cast<int64_t>(rc.heads) * rc.head_dim;
+        SCOPED_TRACE(std::string("rmsnorm_rope_qdq ") + format_name(rc.f) + " heads=" + std::to_string(rc.heads) +
+                     " dh=" + std::to_string(rc.head_dim) + " " + dtype_name(dt) + " S=" + std::to_string(s));
+        OwnedWeight w = dt == DType::kBF16 ? gputest::random_bf16_weight(rng(), 1, n, *gpu, 0.3f, WeightMode::kBf16, 1.0f)
+                                           : gputest::random_f32_weight(rng(), 1, n, *gpu, 0.3f, 1.0f);
+        const RopeTable table = random_rope_table(rng(), rc.rope_dim);
+        const std::vector<int64_t> pos = random_positions(rng(), s);
+        const Tensor x = gpu->from_host_f32(random_activation(rng(), s, n), {s, n});
+        const Tensor fused = gpu->rmsnorm_rope_qdq(x, w.w, 1e-6f, rc.heads, rc.head_dim, rc.rope_dim, pos, table, rc.f);
+        Tensor steps = gpu->rmsnorm(x, w.w, 1e-6f);
+        gpu->rope(steps, rc.heads, rc.head_dim, rc.rope_dim, pos, table, false);
+        gpu->qdq(steps, rc.f);
+        ASSERT_EQ(fused.shape, steps.shape);
+        const Compare c = compare(gpu->to_host_f32(fused), gpu->to_host_f32(steps));
+        EXPECT_EQ(c.mismatches, 0) << c.str() << ", " << seed_note();
+      }
+}
+
 std::vector<uint8_t> device_bytes(const Tensor& t) {
   std::vector<uint8_t> v(static_cast<size_t>(t.numel()));
   if (!v.empty()) {

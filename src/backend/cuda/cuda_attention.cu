@@ -346,6 +346,12 @@ void launch_sparse_attention(int64_t s, int heads, int dh, const float* q, const
 
 // ---- paged row ids -> pool rows ----------------------------------------------------------------------
 
+// Row id v (>= 0) of a sequence whose page ids start at `pages` -> its pool row.
+__device__ __forceinline__ int32_t pool_row(int32_t v, const int32_t* __restrict__ pages, int64_t rows_per_page,
+                                            int64_t base) {
+  return static_cast<int32_t>(base + pages[v / rows_per_page] * rows_per_page + v % rows_per_page);
+}
+
 __global__ void map_paged_rows_kernel(int32_t* __restrict__ idx, int64_t total, int64_t len,
                                       const int64_t* __restrict__ table_start, const int32_t* __restrict__ table,
                                       int64_t rows_per_page, int64_t base) {
@@ -353,9 +359,26 @@ __global__ void map_paged_rows_kernel(int32_t* __restrict__ idx, int64_t total, 
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t v = idx[e];
-    if (v < 0) continue;
-    const int64_t page = table[table_start[e / len] + v / rows_per_page];
-    idx[e] = static_cast<int32_t>(base + page * rows_per_page + v % rows_per_page);
+    if (v >= 0) idx[e] = pool_row(v, table + table_start[e / len], rows_per_page, base);
+  }
+}
+
+// out [S, a + b] = head [S, a] ++ ids [S, b] mapped as map_paged_rows_kernel maps them.
+__global__ void concat_paged_rows_kernel(const int32_t* __restrict__ head, int64_t a, const int32_t* __restrict__ ids,
+                                         int64_t b, int64_t total, const int64_t* __restrict__ table_start,
+                                         const int32_t* __restrict__ table, int64_t rows_per_page, int64_t base,
+                                         int32_t* __restrict__ out) {
+  ::di::cuda::grid_dependency_wait();
+  const int64_t w = a + b;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / w, c = e % w;
+    if (c < a) {
+      out[e] = head[r * a + c];
+    } else {
+      const int32_t v = ids[r * b + (c - a)];
+      out[e] = v < 0 ? v : pool_row(v, table + table_start[r], rows_per_page, base);
+    }
   }
 }
 
@@ -608,18 +631,42 @@ Tensor CudaBackend::sparse_attention(const Tensor& q, int heads, const Tensor& k
   return out;
 }
 
+namespace {
+
+// The largest id a row may hold maps below 2^31 (ids < its table's pages x rows_per_page).
+void check_pool_rows(const std::vector<int32_t>& table, int64_t rows_per_page, int64_t base, const char* op) {
+  int64_t max_page = 0;
+  for (int32_t p : table) max_page = std::max<int64_t>(max_page, p);
+  DI_CHECK_MSG(base + (max_page + 1) * rows_per_page <= (int64_t{1} << 31), std::string(op) + ": pool rows past 2^31");
+}
+
+}  // namespace
+
 void CudaBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start, const std::vector<int32_t>& table,
                                  int64_t rows_per_page, int64_t base) {
   const int64_t s = idx.rows(), len = idx.row_size();
   DI_CHECK(idx.type == TType::kI32 && static_cast<int64_t>(table_start.size()) == s && rows_per_page > 0);
-  // the largest id a row may hold maps below 2^31 (ids < its table's pages x rows_per_page)
-  int64_t max_page = 0;
-  for (int32_t p : table) max_page = std::max<int64_t>(max_page, p);
-  DI_CHECK_MSG(base + (max_page + 1) * rows_per_page <= (int64_t{1} << 31), "map_paged_rows: pool rows past 2^31");
+  check_pool_rows(table, rows_per_page, base, "map_paged_rows");
   if (s * len == 0 || table.empty()) return;
   Scratch starts = cuda::attn::upload(table_start), pages = cuda::attn::upload(table);
   ::di::cuda::launch(map_paged_rows_kernel, elem_blocks(s * len), kElemThreads, 0, idx.i32(), s * len, len,
                      starts.as<int64_t>(), pages.as<int32_t>(), rows_per_page, base);
+}
+
+Tensor CudaBackend::concat_paged_rows(const Tensor& head, const Tensor& ids, const std::vector<int64_t>& table_start,
+                                      const std::vector<int32_t>& table, int64_t rows_per_page, int64_t base) {
+  const int64_t s = head.rows(), a = head.row_size(), b = ids.row_size();
+  DI_CHECK(head.type == TType::kI32 && ids.type == TType::kI32 && ids.rows() == s);
+  DI_CHECK(static_cast<int64_t>(table_start.size()) == s && rows_per_page > 0);
+  check_pool_rows(table, rows_per_page, base, "concat_paged_rows");
+  // a table-less batch holds no id >= 0 to map: the plain concatenation
+  if (table.empty()) return concat_cols(head, ids);
+  Tensor out = alloc(TType::kI32, {s, a + b});
+  if (s * (a + b) == 0) return out;
+  Scratch starts = cuda::attn::upload(table_start), pages = cuda::attn::upload(table);
+  ::di::cuda::launch(concat_paged_rows_kernel, elem_blocks(s * (a + b)), kElemThreads, 0, head.i32(), a, ids.i32(), b,
+                     s * (a + b), starts.as<int64_t>(), pages.as<int32_t>(), rows_per_page, base, out.i32());
+  return out;
 }
 
 Tensor CudaBackend::paged_row_list(const std::vector<int64_t>& lengths, const std::vector<int64_t>& table_start,

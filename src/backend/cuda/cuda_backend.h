@@ -50,6 +50,10 @@ class CudaBackend final : public Backend {
   void scale_bf16(Tensor& x, float factor) override;
 
   void qdq(Tensor& x, RowFormat format) override;
+  void rope_qdq(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
+                const RopeTable& table, RowFormat format) override;
+  Tensor rmsnorm_rope_qdq(const Tensor& x, const Weight& norm, float eps, int heads, int head_dim, int rope_dim,
+                          const std::vector<int64_t>& positions, const RopeTable& table, RowFormat format) override;
   void pack_rows(const Tensor& x, RowFormat format, Tensor& cache, const std::vector<int64_t>& slots) override;
   Tensor unpack_rows(const Tensor& cache, RowFormat format, int64_t dim, const std::vector<int64_t>& slots) override;
   void pack_rows_to(const Tensor& x, RowFormat format, const std::vector<Tensor>& caches,
@@ -68,6 +72,8 @@ class CudaBackend final : public Backend {
                           float softmax_scale, const Tensor& kv_more, RowFormat more_format) override;
   void map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_start, const std::vector<int32_t>& table,
                       int64_t rows_per_page, int64_t base) override;
+  Tensor concat_paged_rows(const Tensor& head, const Tensor& ids, const std::vector<int64_t>& table_start,
+                           const std::vector<int32_t>& table, int64_t rows_per_page, int64_t base) override;
   Tensor paged_row_list(const std::vector<int64_t>& lengths, const std::vector<int64_t>& table_start,
                         const std::vector<int32_t>& table, int64_t rows_per_page) override;
   Tensor softmax_pool(const Tensor& kv, const Tensor& score, int ratio) override;

@@ -101,8 +101,23 @@ __global__ void __launch_bounds__(kNormThreads)
 
 // ---- rope -------------------------------------------------------------------------------------------
 
+// The rotation of pair i at position pos: cos/sin in fp64 rounded to fp32 (correctly rounded, as close
+// as possible to the CPU's cosf/sinf).
+__device__ __forceinline__ void rope_cos_sin(int64_t pos, float freq, bool inverse, float& c, float& sn) {
+  const float angle = __fmul_rn(static_cast<float>(pos), freq);
+  c = static_cast<float>(cos(static_cast<double>(angle)));
+  sn = static_cast<float>(sin(static_cast<double>(angle)));
+  if (inverse) sn = -sn;
+}
+// The rotated pair (a, b), bf16 out.
+__device__ __forceinline__ float rope_first(float a, float b, float c, float sn) {
+  return cuda::dq::round_bf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
+}
+__device__ __forceinline__ float rope_second(float a, float b, float c, float sn) {
+  return cuda::dq::round_bf16(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
+}
+
 // [S, heads, rope_dim/2] one thread per rotated pair, in place: 8 B read and written per pair.
-// cos/sin in fp64 rounded to fp32 (correctly rounded, as close as possible to the CPU's cosf/sinf).
 __global__ void rope_kernel(float* __restrict__ x, int64_t S, int heads, int head_dim, int rope_dim,
                             const int64_t* __restrict__ pos, const float* __restrict__ freqs, bool inverse) {
   ::di::cuda::grid_dependency_wait();
@@ -113,15 +128,29 @@ __global__ void rope_kernel(float* __restrict__ x, int64_t S, int heads, int hea
     const int i = static_cast<int>(e % half);
     const int64_t rh = e / half;  // row * heads + head
     const int64_t r = rh / heads;
-    const float angle = __fmul_rn(static_cast<float>(pos[r]), freqs[i]);
-    const float c = static_cast<float>(cos(static_cast<double>(angle)));
-    float sn = static_cast<float>(sin(static_cast<double>(angle)));
-    if (inverse) sn = -sn;
+    float c, sn;
+    rope_cos_sin(pos[r], freqs[i], inverse, c, sn);
     float* p = x + rh * head_dim + (head_dim - rope_dim) + 2 * i;
     const float a = p[0], b = p[1];
-    p[0] = cuda::dq::round_bf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
-    p[1] = cuda::dq::round_bf16(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
+    p[0] = rope_first(a, b, c, sn);
+    p[1] = rope_second(a, b, c, sn);
   }
+}
+
+// One row's RoPE as the fused kernels apply it: a warp holds 32 consecutive values of the row, value
+// `col` in this lane (pairs (2i, 2i + 1) never straddle a warp's 32). Returns the lane's value after
+// the forward rotation (unchanged outside every head's trailing rope_dim). All 32 lanes call it.
+struct RowRope {
+  const float* freqs;  // [rope_dim / 2]
+  int head_dim, rope_dim;
+};
+__device__ __forceinline__ float rope_lane(float v, int64_t col, int64_t pos, const RowRope& rope) {
+  const float other = __shfl_xor_sync(kFullMask, v, 1);
+  const int c = static_cast<int>(col % rope.head_dim), first = rope.head_dim - rope.rope_dim;
+  if (c < first) return v;
+  float cs, sn;
+  rope_cos_sin(pos, rope.freqs[(c - first) / 2], false, cs, sn);
+  return (c - first) % 2 == 0 ? rope_first(v, other, cs, sn) : rope_second(other, v, cs, sn);
 }
 
 // ---- elementwise ------------------------------------------------------------------------------------
@@ -139,15 +168,53 @@ __global__ void scale_bf16_kernel(float* __restrict__ x, int64_t n, float factor
 // [S rows] one warp per row (n % 32 == 0), in place: 8 B per value.
 // One warp per 32 values (n % 32 == 0; every format's blocks divide 32, so a segment is quantized
 // alone exactly as inside its row), in place.
-__global__ void qdq_warp_kernel(float* __restrict__ x, int64_t segments, RowFormat f) {
-  ::di::cuda::grid_dependency_wait();
-  const int64_t seg = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (seg >= segments) return;
-  float* p = x + seg * 32;
+__device__ __forceinline__ void qdq_segment(float* p, RowFormat f) {
   switch (f) {
     case RowFormat::kFp8Ue8m0: cuda::dq::warp_fp8_ue8m0_qdq_row(p, p, 32); break;
     case RowFormat::kFp4E4m3: cuda::dq::warp_fp4_e4m3_qdq_row(p, p, 32); break;
     case RowFormat::kFp4Ue8m0: cuda::dq::warp_fp4_ue8m0_qdq_row(p, p, 32); break;
+  }
+}
+
+__global__ void qdq_warp_kernel(float* __restrict__ x, int64_t segments, RowFormat f) {
+  ::di::cuda::grid_dependency_wait();
+  const int64_t seg = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (seg >= segments) return;
+  qdq_segment(x + seg * 32, f);
+}
+
+// rope_kernel then qdq_warp_kernel in one launch: one warp per 32 values (n % 32 == 0), in place.
+// The quantizer reads back what its own lane stored, so the two steps need no barrier.
+__global__ void rope_qdq_kernel(float* __restrict__ x, int64_t segments, int64_t n, const int64_t* __restrict__ pos,
+                                RowRope rope, RowFormat f) {
+  ::di::cuda::grid_dependency_wait();
+  const int64_t seg = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (seg >= segments) return;
+  const int lane = threadIdx.x & 31;
+  float* p = x + seg * 32;
+  const int64_t col = (seg * 32) % n + lane;
+  p[lane] = rope_lane(p[lane], col, pos[seg * 32 / n], rope);
+  qdq_segment(p, f);
+}
+
+// rmsnorm_kernel, rope_kernel and qdq_warp_kernel in one launch, one CTA per row (n % 32 == 0): each
+// warp normalizes, rotates and quantizes 32 values at a time with the three kernels' arithmetic.
+template <DType kD>
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_rope_qdq_kernel(const float* __restrict__ x, int64_t n, const uint8_t* __restrict__ w, float eps,
+                            const int64_t* __restrict__ pos, RowRope rope, RowFormat f, float* __restrict__ y) {
+  ::di::cuda::grid_dependency_wait();
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * n;
+  float* yr = y + row * n;
+  const float inv = cuda::rms_scale(cuda::block_sum_squares_exact<kNormThreads>(xr, n), n, eps);
+  const int lane = threadIdx.x & 31;
+  const int64_t p = pos[row];
+  for (int64_t base = threadIdx.x & ~31; base < n; base += kNormThreads) {
+    const int64_t i = base + lane;
+    const float v = cuda::dq::round_bf16(__fmul_rn(weight_value<kD>(w, i), __fmul_rn(xr[i], inv)));
+    yr[i] = rope_lane(v, i, p, rope);
+    qdq_segment(yr + base, f);
   }
 }
 
@@ -332,6 +399,65 @@ void CudaBackend::qdq(Tensor& x, RowFormat format) {
     ::di::cuda::launch(qdq_fp4_e4m3_block_kernel, static_cast<int>(blocks_for(s * n / 16, kThreads)), kThreads, 0,
                        x.f32(), s * n / 16);
   }
+}
+
+namespace {
+
+// Whether the fused RoPE + qdq kernels take x [S, heads * head_dim]: warps of 32 values, pairs that
+// start at even columns of the row.
+bool fused_rope_fits(const Tensor& x, int heads, int head_dim, int rope_dim) {
+  const int64_t n = x.row_size();
+  return n % 32 == 0 && n < (1LL << 31) && head_dim % 2 == 0 && rope_dim % 2 == 0 && heads > 0 &&
+         static_cast<int64_t>(heads) * head_dim == n;
+}
+
+}  // namespace
+
+void CudaBackend::rope_qdq(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
+                           const RopeTable& table, RowFormat format) {
+  if (!fused_rope_fits(x, heads, head_dim, rope_dim))
+    return Backend::rope_qdq(x, heads, head_dim, rope_dim, positions, table, format);
+  const int64_t s = x.rows(), n = x.row_size();
+  DI_CHECK(x.type == TType::kF32 && static_cast<int64_t>(positions.size()) == s);
+  DI_CHECK(rope_dim >= 0 && rope_dim <= head_dim && static_cast<int>(table.freqs.size()) * 2 == rope_dim);
+  if (s * n == 0) return;
+  const RowRope rope{rope_uploads_->get(table.freqs), head_dim, rope_dim};
+  ::di::cuda::launch(rope_qdq_kernel, static_cast<int>(blocks_for(s * n, kThreads)), kThreads, 0, x.f32(), s * n / 32,
+                     n, rope_uploads_->get(positions), rope, format);
+}
+
+Tensor CudaBackend::rmsnorm_rope_qdq(const Tensor& x, const Weight& norm, float eps, int heads, int head_dim,
+                                     int rope_dim, const std::vector<int64_t>& positions, const RopeTable& table,
+                                     RowFormat format) {
+  if (!fused_rope_fits(x, heads, head_dim, rope_dim))
+    return Backend::rmsnorm_rope_qdq(x, norm, eps, heads, head_dim, rope_dim, positions, table, format);
+  const int64_t s = x.rows(), n = x.row_size();
+  DI_CHECK(x.type == TType::kF32 && (norm.cols == n || norm.rows * norm.cols == n));
+  check_float_dtype(norm.dtype, "rmsnorm_rope_qdq");
+  DI_CHECK(static_cast<int64_t>(positions.size()) == s);
+  DI_CHECK(rope_dim >= 0 && rope_dim <= head_dim && static_cast<int>(table.freqs.size()) * 2 == rope_dim);
+  Tensor y = alloc(TType::kF32, {s, n});
+  if (s * n == 0) return y;
+  DI_CHECK_MSG(s < (1LL << 31), "rmsnorm_rope_qdq: too many rows");
+  const unsigned grid = static_cast<unsigned>(s);  // one CTA per row
+  const uint8_t* w = cuda::wdata(norm);
+  const int64_t* pos = rope_uploads_->get(positions);
+  const RowRope rope{rope_uploads_->get(table.freqs), head_dim, rope_dim};
+  switch (norm.dtype) {
+    case DType::kBF16:
+      ::di::cuda::launch(rmsnorm_rope_qdq_kernel<DType::kBF16>, grid, kNormThreads, 0, x.f32(), n, w, eps, pos, rope,
+                         format, y.f32());
+      break;
+    case DType::kF16:
+      ::di::cuda::launch(rmsnorm_rope_qdq_kernel<DType::kF16>, grid, kNormThreads, 0, x.f32(), n, w, eps, pos, rope,
+                         format, y.f32());
+      break;
+    default:
+      ::di::cuda::launch(rmsnorm_rope_qdq_kernel<DType::kF32>, grid, kNormThreads, 0, x.f32(), n, w, eps, pos, rope,
+                         format, y.f32());
+      break;
+  }
+  return y;
 }
 
 namespace {
