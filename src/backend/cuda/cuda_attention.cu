@@ -663,9 +663,9 @@ Tensor CudaBackend::concat_paged_rows(const Tensor& head, const Tensor& ids, con
   if (table.empty()) return concat_cols(head, ids);
   Tensor out = alloc(TType::kI32, {s, a + b});
   if (s * (a + b) == 0) return out;
-  Scratch starts = cuda::attn::upload(table_start), pages = cuda::attn::upload(table);
   ::di::cuda::launch(concat_paged_rows_kernel, elem_blocks(s * (a + b)), kElemThreads, 0, head.i32(), a, ids.i32(), b,
-                     s * (a + b), starts.as<int64_t>(), pages.as<int32_t>(), rows_per_page, base, out.i32());
+                     s * (a + b), page_uploads_->get(table_start), page_uploads_->get(table), rows_per_page, base,
+                     out.i32());
   return out;
 }
 
@@ -681,17 +681,14 @@ Tensor CudaBackend::paged_row_list(const std::vector<int64_t>& lengths, const st
     first[p + 1] = first[p] + lengths[p];
     longest = std::max(longest, lengths[p]);
   }
-  int64_t max_page = 0;
-  for (int32_t page : table) max_page = std::max<int64_t>(max_page, page);
-  DI_CHECK_MSG((max_page + 1) * rows_per_page <= (int64_t{1} << 31), "paged_row_list: pool rows past 2^31");
+  check_pool_rows(table, rows_per_page, 0, "paged_row_list");
   Tensor out = alloc(TType::kI32, {first.back()});
   if (first.back() == 0) return out;
-  Scratch firsts = cuda::attn::upload(first), starts = cuda::attn::upload(table_start),
-          pages = cuda::attn::upload(table);
+  Scratch firsts = cuda::attn::upload(first);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(cuda::blocks_for(longest, kElemThreads), 1024)),
                   static_cast<unsigned>(lengths.size()));
-  ::di::cuda::launch(paged_row_list_kernel, grid, kElemThreads, 0, firsts.as<int64_t>(), starts.as<int64_t>(),
-                     pages.as<int32_t>(), rows_per_page, out.i32());
+  ::di::cuda::launch(paged_row_list_kernel, grid, kElemThreads, 0, firsts.as<int64_t>(), page_uploads_->get(table_start),
+                     page_uploads_->get(table), rows_per_page, out.i32());
   return out;
 }
 

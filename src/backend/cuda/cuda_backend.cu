@@ -72,6 +72,7 @@ CudaBackend::CudaBackend() {
     throw Error(std::string("--device cuda: this build targets Hopper (sm_90a); found ") + prop.name + " (sm_" +
                 std::to_string(prop.major) + std::to_string(prop.minor) + ")");
   rope_uploads_ = std::make_unique<cuda::UploadCache>();
+  page_uploads_ = std::make_unique<cuda::UploadCache>();
 }
 
 CudaBackend::~CudaBackend() = default;

@@ -125,6 +125,7 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes);
   int64_t weight_bytes_ = 0;
   std::unique_ptr<cuda::UploadCache> rope_uploads_;  // RoPE's positions and frequency tables
+  std::unique_ptr<cuda::UploadCache> page_uploads_;  // the batch's page tables (the same for every layer of a step)
   bool batch_invariant_ = false;
   bool fast_fp4_gemm_ = false;  // MXFP4 block sums on wgmma (mma_gemm.cuh)
 };

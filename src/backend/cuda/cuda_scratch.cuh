@@ -51,9 +51,10 @@ Scratch upload(const std::vector<T>& v) {
   return s;
 }
 
-// Small host vectors that repeat from call to call (RoPE's positions, the same for every layer of a
-// step, and its frequency tables, the same for every step), uploaded once and then reused: the last
-// kEntries distinct ones per stream (an entry uploaded on one stream is read only by its kernels).
+// Small host vectors that repeat from call to call (RoPE's positions and the batch's page tables, the
+// same for every layer of a step; RoPE's frequency tables, the same for every step), uploaded once and
+// then reused: the last kEntries distinct ones per stream (an entry uploaded on one stream is read only
+// by its kernels).
 // At batch 1 the ~110 RoPE uploads of a step were ~0.3 ms of host time, near what bounds the step.
 class UploadCache {
  public:
