@@ -165,9 +165,8 @@ __global__ void scale_bf16_kernel(float* __restrict__ x, int64_t n, float factor
 
 // ---- qdq / packed rows ------------------------------------------------------------------------------
 
-// [S rows] one warp per row (n % 32 == 0), in place: 8 B per value.
-// One warp per 32 values (n % 32 == 0; every format's blocks divide 32, so a segment is quantized
-// alone exactly as inside its row), in place.
+// One warp's 32 values of a row, quantize-dequantized in place (every format's blocks divide 32, so a
+// segment is quantized alone exactly as inside its row): 8 B per value. All 32 lanes call it.
 __device__ __forceinline__ void qdq_segment(float* p, RowFormat f) {
   switch (f) {
     case RowFormat::kFp8Ue8m0: cuda::dq::warp_fp8_ue8m0_qdq_row(p, p, 32); break;
@@ -176,6 +175,7 @@ __device__ __forceinline__ void qdq_segment(float* p, RowFormat f) {
   }
 }
 
+// [S rows] one warp per 32 values (n % 32 == 0), in place.
 __global__ void qdq_warp_kernel(float* __restrict__ x, int64_t segments, RowFormat f) {
   ::di::cuda::grid_dependency_wait();
   const int64_t seg = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
