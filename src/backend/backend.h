@@ -259,7 +259,6 @@ auto run_beside(Backend& b, F&& f) {
   return f();
 }
 
-
 // index_scores with key offsets: the output width, max(visible) (0 for no rows); and the check that
 // every row's keys [offset, offset + visible) lie in the `key_rows` keys (throws di::Error).
 int64_t index_width(const std::vector<int64_t>& visible);

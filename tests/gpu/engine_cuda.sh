@@ -2,7 +2,8 @@
 # The engine on the GPU (brown-small, the default model): async scheduling on vs off gives the same
 # outputs, and in batch-invariant mode a batch of requests gives what each request gives alone
 # (--max-running 1), and `score --batch-invariant` gives the same logits bit for bit whatever the
-# prefill chunking; the side stream changes no bit (DEEPINFER_SIDE_STREAM=0 runs one stream). Prints
+# prefill chunking; the side stream changes no bit (DEEPINFER_SIDE_STREAM=0 runs one stream), nor do the
+# fused small chains (DEEPINFER_FUSED_CHAINS=0 runs the separate ops). Prints
 # the summary lines (host gap per step, throughput) for bench/RESULTS.md.
 # usage: engine_cuda.sh DEEPINFER [OUTDIR]   (DI_DEVICE=cpu runs the same checks on the CPU)
 set -uo pipefail
@@ -60,4 +61,16 @@ cmp <(ids "$DEST/async.jsonl") <(ids "$DEST/one_stream.jsonl") && echo "PASS sid
 unset DEEPINFER_SIDE_STREAM
 cmp -s "$DEST/chunk0.f32" "$DEST/one_stream.f32" && echo "PASS side stream == one stream (score)" \
   || { echo "FAIL side stream != one stream (score)"; status=1; }
+
+# the fused small chains (rmsnorm_rope_qdq, rope_qdq, concat_paged_rows: one launch each) change no
+# bit: the same requests and the same logits with the Backend's separate ops
+export DEEPINFER_FUSED_CHAINS=0
+run unfused
+cmp <(ids "$DEST/async.jsonl") <(ids "$DEST/unfused.jsonl") && echo "PASS fused chains == unfused (generate)" \
+  || { echo "FAIL fused chains != unfused (generate)"; status=1; }
+"$BIN" score --model "$MODEL" --prompt-ids "$PROMPT" --forced-ids "$FORCED" --chunk 7 --batch-invariant \
+  --device "${DI_DEVICE:-cuda}" --out "$DEST/unfused.f32" 2>>"$DEST/chunk.err" || { echo "FAIL score unfused"; status=1; }
+unset DEEPINFER_FUSED_CHAINS
+cmp -s "$DEST/chunk7.f32" "$DEST/unfused.f32" && echo "PASS fused chains == unfused (score, chunks of 7)" \
+  || { echo "FAIL fused chains != unfused (score, chunks of 7)"; status=1; }
 exit $status

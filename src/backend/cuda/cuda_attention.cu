@@ -655,6 +655,7 @@ void CudaBackend::map_paged_rows(Tensor& idx, const std::vector<int64_t>& table_
 
 Tensor CudaBackend::concat_paged_rows(const Tensor& head, const Tensor& ids, const std::vector<int64_t>& table_start,
                                       const std::vector<int32_t>& table, int64_t rows_per_page, int64_t base) {
+  if (!fused_chains_) return Backend::concat_paged_rows(head, ids, table_start, table, rows_per_page, base);
   const int64_t s = head.rows(), a = head.row_size(), b = ids.row_size();
   DI_CHECK(head.type == TType::kI32 && ids.type == TType::kI32 && ids.rows() == s);
   DI_CHECK(static_cast<int64_t>(table_start.size()) == s && rows_per_page > 0);

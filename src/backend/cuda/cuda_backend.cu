@@ -8,6 +8,7 @@
 #include "backend/cuda/fp4_layout.cuh"
 #include "backend/cuda/pdl_launch.cuh"
 #include "backend/cuda/side_stream.cuh"
+#include "core/env_switch.h"
 
 namespace di {
 
@@ -73,6 +74,7 @@ CudaBackend::CudaBackend() {
                 std::to_string(prop.major) + std::to_string(prop.minor) + ")");
   rope_uploads_ = std::make_unique<cuda::UploadCache>();
   page_uploads_ = std::make_unique<cuda::UploadCache>();
+  fused_chains_ = env_switch_on("DEEPINFER_FUSED_CHAINS");
 }
 
 CudaBackend::~CudaBackend() = default;

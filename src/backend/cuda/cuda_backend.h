@@ -128,6 +128,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::UploadCache> page_uploads_;  // the batch's page tables (the same for every layer of a step)
   bool batch_invariant_ = false;
   bool fast_fp4_gemm_ = false;  // MXFP4 block sums on wgmma (mma_gemm.cuh)
+  // rope_qdq, rmsnorm_rope_qdq and concat_paged_rows as one launch each; DEEPINFER_FUSED_CHAINS=0
+  // runs the Backend compositions instead (the same bits: for measuring the fusion).
+  bool fused_chains_ = true;
 };
 
 }  // namespace di

@@ -415,7 +415,7 @@ bool fused_rope_fits(const Tensor& x, int heads, int head_dim, int rope_dim) {
 
 void CudaBackend::rope_qdq(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
                            const RopeTable& table, RowFormat format) {
-  if (!fused_rope_fits(x, heads, head_dim, rope_dim))
+  if (!fused_chains_ || !fused_rope_fits(x, heads, head_dim, rope_dim))
     return Backend::rope_qdq(x, heads, head_dim, rope_dim, positions, table, format);
   const int64_t s = x.rows(), n = x.row_size();
   DI_CHECK(x.type == TType::kF32 && static_cast<int64_t>(positions.size()) == s);
@@ -429,7 +429,7 @@ void CudaBackend::rope_qdq(Tensor& x, int heads, int head_dim, int rope_dim, con
 Tensor CudaBackend::rmsnorm_rope_qdq(const Tensor& x, const Weight& norm, float eps, int heads, int head_dim,
                                      int rope_dim, const std::vector<int64_t>& positions, const RopeTable& table,
                                      RowFormat format) {
-  if (!fused_rope_fits(x, heads, head_dim, rope_dim))
+  if (!fused_chains_ || !fused_rope_fits(x, heads, head_dim, rope_dim))
     return Backend::rmsnorm_rope_qdq(x, norm, eps, heads, head_dim, rope_dim, positions, table, format);
   const int64_t s = x.rows(), n = x.row_size();
   DI_CHECK(x.type == TType::kF32 && (norm.cols == n || norm.rows * norm.cols == n));
