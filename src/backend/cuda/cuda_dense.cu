@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -39,6 +40,26 @@ __device__ __forceinline__ float weight_value(const uint8_t* w, int64_t i) {
 void check_float_dtype(DType d, const char* op) {
   if (d != DType::kBF16 && d != DType::kF16 && d != DType::kF32)
     throw Error(std::string("cuda ") + op + ": unsupported weight dtype " + dtype_name(d) + " (expected BF16, F16 or F32)");
+}
+
+// f(std::integral_constant<DType, D>{}) for a checked float weight dtype: the kernel instantiation that
+// reads that storage.
+template <class F>
+void with_float_dtype(DType d, F&& f) {
+  switch (d) {
+    case DType::kBF16: f(std::integral_constant<DType, DType::kBF16>{}); break;
+    case DType::kF16: f(std::integral_constant<DType, DType::kF16>{}); break;
+    default: f(std::integral_constant<DType, DType::kF32>{}); break;
+  }
+}
+
+// The arguments of rope / rope_qdq: x [S, heads * head_dim] f32, a position per row, rope_dim / 2
+// frequencies.
+void check_rope_args(const Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
+                     const RopeTable& table) {
+  DI_CHECK(x.type == TType::kF32 && x.row_size() == static_cast<int64_t>(heads) * head_dim);
+  DI_CHECK(static_cast<int64_t>(positions.size()) == x.rows() && static_cast<int>(table.freqs.size()) * 2 == rope_dim);
+  DI_CHECK(rope_dim >= 0 && rope_dim <= head_dim);
 }
 
 // ---- embed ------------------------------------------------------------------------------------------
@@ -286,20 +307,10 @@ Tensor CudaBackend::embed(const Tensor& ids, const Weight& table) {
   Scratch bad(sizeof(int));
   DI_CUDA_CHECK(cudaMemsetAsync(bad.as<int>(), 0, sizeof(int), 0));
   const int grid = grid_for(n * d);
-  switch (table.dtype) {
-    case DType::kBF16:
-      ::di::cuda::launch(embed_kernel<DType::kBF16>, grid, kThreads, 0, ids.i32(), n, d, table.rows, cuda::wdata(table),
-                         out.f32(), bad.as<int>());
-      break;
-    case DType::kF16:
-      ::di::cuda::launch(embed_kernel<DType::kF16>, grid, kThreads, 0, ids.i32(), n, d, table.rows, cuda::wdata(table),
-                         out.f32(), bad.as<int>());
-      break;
-    default:
-      ::di::cuda::launch(embed_kernel<DType::kF32>, grid, kThreads, 0, ids.i32(), n, d, table.rows, cuda::wdata(table),
-                         out.f32(), bad.as<int>());
-      break;
-  }
+  with_float_dtype(table.dtype, [&](auto kd) {
+    ::di::cuda::launch(embed_kernel<decltype(kd)::value>, grid, kThreads, 0, ids.i32(), n, d, table.rows,
+                       cuda::wdata(table), out.f32(), bad.as<int>());
+  });
   // The CPU backend checks every id (DI_CHECK); here one 4-byte read-back per call does the same.
   int host_bad = 0;
   DI_CUDA_CHECK(cudaMemcpy(&host_bad, bad.as<int>(), sizeof(int), cudaMemcpyDeviceToHost));
@@ -350,26 +361,16 @@ Tensor CudaBackend::rmsnorm(const Tensor& x, const Weight& weight, float eps) {
   DI_CHECK_MSG(s < (1LL << 31), "rmsnorm: too many rows");
   const unsigned grid = static_cast<unsigned>(s);  // one CTA per row
   const uint8_t* w = cuda::wdata(weight);
-  switch (weight.dtype) {
-    case DType::kBF16:
-      ::di::cuda::launch(rmsnorm_kernel<DType::kBF16>, grid, kNormThreads, 0, x.f32(), n, w, eps, y.f32());
-      break;
-    case DType::kF16:
-      ::di::cuda::launch(rmsnorm_kernel<DType::kF16>, grid, kNormThreads, 0, x.f32(), n, w, eps, y.f32());
-      break;
-    default:
-      ::di::cuda::launch(rmsnorm_kernel<DType::kF32>, grid, kNormThreads, 0, x.f32(), n, w, eps, y.f32());
-      break;
-  }
+  with_float_dtype(weight.dtype, [&](auto kd) {
+    ::di::cuda::launch(rmsnorm_kernel<decltype(kd)::value>, grid, kNormThreads, 0, x.f32(), n, w, eps, y.f32());
+  });
   return y;
 }
 
 void CudaBackend::rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
                        const RopeTable& table, bool inverse) {
+  check_rope_args(x, heads, head_dim, rope_dim, positions, table);
   const int64_t s = x.rows();
-  DI_CHECK(x.type == TType::kF32 && x.row_size() == static_cast<int64_t>(heads) * head_dim);
-  DI_CHECK(static_cast<int64_t>(positions.size()) == s && static_cast<int>(table.freqs.size()) * 2 == rope_dim);
-  DI_CHECK(rope_dim >= 0 && rope_dim <= head_dim);
   const int64_t total = s * heads * (rope_dim / 2);
   if (total == 0) return;
   ::di::cuda::launch(rope_kernel, grid_for(total), kThreads, 0, x.f32(), s, heads, head_dim, rope_dim,
@@ -417,9 +418,8 @@ void CudaBackend::rope_qdq(Tensor& x, int heads, int head_dim, int rope_dim, con
                            const RopeTable& table, RowFormat format) {
   if (!fused_chains_ || !fused_rope_fits(x, heads, head_dim, rope_dim))
     return Backend::rope_qdq(x, heads, head_dim, rope_dim, positions, table, format);
+  check_rope_args(x, heads, head_dim, rope_dim, positions, table);
   const int64_t s = x.rows(), n = x.row_size();
-  DI_CHECK(x.type == TType::kF32 && static_cast<int64_t>(positions.size()) == s);
-  DI_CHECK(rope_dim >= 0 && rope_dim <= head_dim && static_cast<int>(table.freqs.size()) * 2 == rope_dim);
   if (s * n == 0) return;
   const RowRope rope{rope_uploads_->get(table.freqs), head_dim, rope_dim};
   ::di::cuda::launch(rope_qdq_kernel, static_cast<int>(blocks_for(s * n, kThreads)), kThreads, 0, x.f32(), s * n / 32,
@@ -431,11 +431,10 @@ Tensor CudaBackend::rmsnorm_rope_qdq(const Tensor& x, const Weight& norm, float 
                                      RowFormat format) {
   if (!fused_chains_ || !fused_rope_fits(x, heads, head_dim, rope_dim))
     return Backend::rmsnorm_rope_qdq(x, norm, eps, heads, head_dim, rope_dim, positions, table, format);
+  check_rope_args(x, heads, head_dim, rope_dim, positions, table);
   const int64_t s = x.rows(), n = x.row_size();
-  DI_CHECK(x.type == TType::kF32 && (norm.cols == n || norm.rows * norm.cols == n));
+  DI_CHECK(norm.cols == n || norm.rows * norm.cols == n);
   check_float_dtype(norm.dtype, "rmsnorm_rope_qdq");
-  DI_CHECK(static_cast<int64_t>(positions.size()) == s);
-  DI_CHECK(rope_dim >= 0 && rope_dim <= head_dim && static_cast<int>(table.freqs.size()) * 2 == rope_dim);
   Tensor y = alloc(TType::kF32, {s, n});
   if (s * n == 0) return y;
   DI_CHECK_MSG(s < (1LL << 31), "rmsnorm_rope_qdq: too many rows");
@@ -443,20 +442,10 @@ Tensor CudaBackend::rmsnorm_rope_qdq(const Tensor& x, const Weight& norm, float 
   const uint8_t* w = cuda::wdata(norm);
   const int64_t* pos = rope_uploads_->get(positions);
   const RowRope rope{rope_uploads_->get(table.freqs), head_dim, rope_dim};
-  switch (norm.dtype) {
-    case DType::kBF16:
-      ::di::cuda::launch(rmsnorm_rope_qdq_kernel<DType::kBF16>, grid, kNormThreads, 0, x.f32(), n, w, eps, pos, rope,
-                         format, y.f32());
-      break;
-    case DType::kF16:
-      ::di::cuda::launch(rmsnorm_rope_qdq_kernel<DType::kF16>, grid, kNormThreads, 0, x.f32(), n, w, eps, pos, rope,
-                         format, y.f32());
-      break;
-    default:
-      ::di::cuda::launch(rmsnorm_rope_qdq_kernel<DType::kF32>, grid, kNormThreads, 0, x.f32(), n, w, eps, pos, rope,
-                         format, y.f32());
-      break;
-  }
+  with_float_dtype(norm.dtype, [&](auto kd) {
+    ::di::cuda::launch(rmsnorm_rope_qdq_kernel<decltype(kd)::value>, grid, kNormThreads, 0, x.f32(), n, w, eps, pos,
+                       rope, format, y.f32());
+  });
   return y;
 }
 
