@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/split_fixup.h"
 #include "gpu_test_util.h"
 #include "model/quant.h"
 
@@ -299,6 +300,47 @@ TEST_F(DenseOps, LinearBf16TensorCores) {
       check_linear(*this, WeightMode::kF32, DType::kBF16, s, n, k);
       check_linear(*this, WeightMode::kBf16, DType::kBF16, s, n, k);
     }
+}
+
+// The K-split partials summed by each tile's last CTA (fix-up) and by a reduce_splits launch give the
+// same bits: the decode shapes of the FP8 / MXFP4 linears and of the BF16 tensor-core kernel (wo_a's
+// grouped projection included), with the fix-up allowed everywhere and nowhere.
+TEST_F(DenseOps, SplitFixupEqualsReduceLaunch) {
+  const int64_t saved = cuda::mma::fixup_max_rounds();
+  struct Case {
+    WeightMode mode;
+    DType dtype;
+    int64_t n, k;
+  };
+  const Case cases[] = {{WeightMode::kFp8Block, DType::kF8E4M3, 1280, 5120},
+                        {WeightMode::kFp8Block, DType::kF8E4M3, 520, 8192},
+                        {WeightMode::kFp4Expert, DType::kI8, 520, 4096},
+                        {WeightMode::kBf16, DType::kBF16, 1000, 5120}};
+  for (const Case& c : cases)
+    for (int64_t s : {1, 3, 8, 9, 24, 64}) {
+      SCOPED_TRACE(std::string(weight_mode_name(c.mode)) + " S=" + std::to_string(s) + " N=" + std::to_string(c.n) +
+                   " K=" + std::to_string(c.k));
+      OwnedWeight w = make_weight(rng(), c.mode, c.dtype, c.n, c.k, *gpu);
+      const Tensor x = gpu->from_host_f32(random_activation(rng(), s, c.k), {s, c.k});
+      cuda::mma::set_fixup_max_rounds(0);
+      const std::vector<float> reduced = gpu->to_host_f32(gpu->linear(x, w.w));
+      cuda::mma::set_fixup_max_rounds(1 << 20);
+      const std::vector<float> fixed = gpu->to_host_f32(gpu->linear(x, w.w));
+      EXPECT_EQ(std::memcmp(reduced.data(), fixed.data(), reduced.size() * sizeof(float)), 0) << seed_note();
+    }
+  OwnedWeight wo = uniform_fp8_weight(rng(), 8 * 256, 4096, *gpu);
+  for (int64_t s : {1, 8, 24}) {
+    std::vector<float> xv = random_activation(rng(), s, 8 * 4096);
+    for (float& v : xv) v = quant::round_bf16(v);
+    const Tensor x = gpu->from_host_f32(xv, {s, 8 * 4096});
+    cuda::mma::set_fixup_max_rounds(0);
+    const std::vector<float> reduced = gpu->to_host_f32(gpu->grouped_linear(x, wo.w, 8));
+    cuda::mma::set_fixup_max_rounds(1 << 20);
+    const std::vector<float> fixed = gpu->to_host_f32(gpu->grouped_linear(x, wo.w, 8));
+    EXPECT_EQ(std::memcmp(reduced.data(), fixed.data(), reduced.size() * sizeof(float)), 0)
+        << "grouped S=" << s << ", " << seed_note();
+  }
+  cuda::mma::set_fixup_max_rounds(saved);
 }
 
 // x is bf16-valued (the reference's einsum input), so the tensor-core path skips its lo MMAs; with

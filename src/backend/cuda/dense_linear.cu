@@ -21,6 +21,8 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/batch_invariance.cuh"
@@ -31,6 +33,20 @@
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/pdl_launch.cuh"
+
+namespace di::cuda::mma {
+namespace {
+int64_t fixup_rounds_from_env() {
+  const char* v = std::getenv("DEEPINFER_FIXUP_ROUNDS");
+  return v && *v ? std::max<int64_t>(0, std::atoll(v)) : int64_t{8};
+}
+std::atomic<int64_t> g_fixup_max_rounds{fixup_rounds_from_env()};
+}  // namespace
+
+int64_t fixup_max_rounds() { return g_fixup_max_rounds.load(std::memory_order_relaxed); }
+void set_fixup_max_rounds(int64_t n) { g_fixup_max_rounds.store(std::max<int64_t>(0, n), std::memory_order_relaxed); }
+
+}  // namespace di::cuda::mma
 
 namespace di::cuda::dense {
 namespace {

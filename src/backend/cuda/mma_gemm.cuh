@@ -37,6 +37,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
+#include "backend/cuda/split_fixup.h"
 #include "backend/cuda/wgmma.cuh"
 
 namespace di::cuda::mma {
@@ -408,20 +409,47 @@ __device__ __forceinline__ float sum_splits(const float* p, int64_t split_stride
 }
 
 // Whether a launch's K splits are summed by each tile's last CTA (split_last_arrival + fixup_rows)
-// rather than by a reduce_splits launch: while a tile's sums are few (tokens x splits), the last CTA
-// adds them faster than a second launch starts; past that its serial sums cost more (RESULTS.md).
-inline bool fixup_in_kernel(int64_t tile_tokens, int64_t splits) { return tile_tokens * splits <= 32; }
+// rather than by a reduce_splits launch: while the fix-up is a few rounds of L2 latency (fixup_rows
+// loads kFixupTokens tokens x 8 splits per round), the last CTA adds the sums faster than a second
+// launch starts and drains; past that its serial rounds cost more. DEEPINFER_FIXUP_ROUNDS sets the
+// limit (default 8: batch 8 with up to 64 splits; 0 = always reduce_splits).
+inline constexpr int kFixupTokens = 4;
+inline bool fixup_in_kernel(int64_t tile_tokens, int64_t splits) {
+  return (tile_tokens + kFixupTokens - 1) / kFixupTokens * ((splits + 7) / 8) <= fixup_max_rounds();
+}
 
 // The last CTA's fix-up of a tile: thread t sums row row0 + t of tokens t0 .. t0 + count - 1 over the
-// splits' partials [splits][M, N] in split order (as reduce_splits does: the same bits).
+// splits' partials [splits][M, N], each token's sum in split order from zero (as reduce_splits does:
+// the same bits). kFixupTokens tokens x 8 splits load at a time: the loads are independent, only each
+// token's adds are ordered.
 __device__ __forceinline__ void fixup_rows(const float* partial, float* y, int row0, int t0, int count, int M, int N,
                                            int splits, bool bf16_out) {
   const int r = row0 + static_cast<int>(threadIdx.x);
   if (r >= N) return;
-  for (int t = 0; t < count; ++t) {
-    const int64_t at = static_cast<int64_t>(t0 + t) * N + r;
-    const float v = sum_splits(partial + at, static_cast<int64_t>(M) * N, splits);
-    y[at] = bf16_out ? dq::round_bf16(v) : v;
+  const int64_t stride = static_cast<int64_t>(M) * N;
+  for (int tb = 0; tb < count; tb += kFixupTokens) {
+    float s[kFixupTokens] = {};
+    for (int sp0 = 0; sp0 < splits; sp0 += 8) {
+      float v[kFixupTokens][8];
+#pragma unroll
+      for (int k = 0; k < kFixupTokens; ++k)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          v[k][j] = tb + k < count && sp0 + j < splits
+                        ? __ldcg(partial + (sp0 + j) * stride + static_cast<int64_t>(t0 + tb + k) * N + r)
+                        : 0.0f;
+#pragma unroll
+      for (int k = 0; k < kFixupTokens; ++k)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (sp0 + j < splits) s[k] += v[k][j];
+    }
+#pragma unroll
+    for (int k = 0; k < kFixupTokens; ++k)
+      if (tb + k < count) {
+        const int64_t at = static_cast<int64_t>(t0 + tb + k) * N + r;
+        y[at] = bf16_out ? dq::round_bf16(s[k]) : s[k];
+      }
   }
 }
 
