@@ -118,6 +118,14 @@ class Backend {
   // bf16 out. positions: [S]. inverse: conjugate rotation.
   virtual void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
                     const RopeTable& table, bool inverse) = 0;
+  // linear(x, w) then rope(y, ..., inverse = false): the queries' projection. The CUDA backend rotates
+  // in the GEMM's epilogue (same bits).
+  virtual Tensor linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
+                             const std::vector<int64_t>& positions, const RopeTable& table) {
+    Tensor y = linear(x, w);
+    rope(y, heads, head_dim, rope_dim, positions, table, false);
+    return y;
+  }
   // Rounds every value to bf16 in place.
   virtual void round_bf16(Tensor& x) = 0;
   // x = bf16(x * factor), in place.

@@ -193,6 +193,16 @@ Tensor ProfilingBackend::linear(const Tensor& x, const Weight& w) {
   return track(timed(shape_label("linear", w), bytes, flops, is_fp8(w), [&] { return inner_.linear(x, w); }));
 }
 
+Tensor ProfilingBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
+                                     const std::vector<int64_t>& positions, const RopeTable& table) {
+  const double s = static_cast<double>(x.rows());
+  const double bytes = weight_storage_bytes(w) + tensor_bytes(x) + 4.0 * s * w.rows;
+  const double flops = 2.0 * s * w.rows * w.cols;
+  return track(timed(shape_label("linear_rope", w), bytes, flops, is_fp8(w), [&] {
+    return inner_.linear_rope(x, w, heads, head_dim, rope_dim, positions, table);
+  }));
+}
+
 Tensor ProfilingBackend::grouped_linear(const Tensor& x, const Weight& w, int groups) {
   const double s = static_cast<double>(x.rows());
   const double bytes = weight_storage_bytes(w) + tensor_bytes(x) + 4.0 * s * w.rows;

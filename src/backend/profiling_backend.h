@@ -86,6 +86,8 @@ class ProfilingBackend final : public Backend {
   Tensor embed(const Tensor& ids, const Weight& table) override;
   Tensor linear(const Tensor& x, const Weight& w) override;
   Tensor grouped_linear(const Tensor& x, const Weight& w, int groups) override;
+  Tensor linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
+                     const std::vector<int64_t>& positions, const RopeTable& table) override;
   Tensor rmsnorm(const Tensor& x, const Weight& weight, float eps) override;
   void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
             const RopeTable& table, bool inverse) override;

@@ -121,8 +121,7 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   if (beside) run_beside(be, beside);
 
   r.qr = be.rmsnorm(be.linear(r.xq, a.wq_a), a.q_norm, eps);  // [q rows, q_lora]
-  r.q = be.linear(r.qr, a.wq_b);                               // [q rows, H*Dh]
-  be.rope(r.q, heads, dh, rd, batch.q_positions, rope_[layer], false);
+  r.q = be.linear_rope(r.qr, a.wq_b, heads, dh, rd, batch.q_positions, rope_[layer]);  // [q rows, H*Dh]
   if (ls.mode == AttnMode::kFull || ls.mode == AttnMode::kReindex) {
     r.qi = be.linear(r.qr, a.idx_wq_b);  // [q rows, nIH * ihd]
     be.rope_qdq(r.qi, cfg_.index_n_heads, ihd, rd, batch.q_positions, rope_[layer], RowFormat::kFp4Ue8m0);
@@ -459,8 +458,7 @@ Tensor Model::dspark_attention(int layer, const Tensor& x, const std::vector<int
   int heads = cfg_.n_heads, dh = cfg_.head_dim, rd = cfg_.rope_dim;
   const float eps = static_cast<float>(cfg_.norm_eps);
   Tensor qr = be.rmsnorm(be.linear(x, a.wq_a), a.q_norm, eps);
-  Tensor q = be.linear(qr, a.wq_b);
-  be.rope(q, heads, dh, rd, positions, rope_[layer], false);
+  Tensor q = be.linear_rope(qr, a.wq_b, heads, dh, rd, positions, rope_[layer]);
   Tensor kv = be.rmsnorm_rope_qdq(be.linear(x, a.wkv), a.kv_norm, eps, 1, dh, rd, positions, rope_[layer],
                                   RowFormat::kFp8Ue8m0);
   // keys: the ring slots filled so far, then every block row (non-causal inside the block)

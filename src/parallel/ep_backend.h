@@ -54,6 +54,10 @@ class EpBackend final : public Backend {
     return inner_.grouped_linear(x, w, groups);
   }
   Tensor rmsnorm(const Tensor& x, const Weight& w, float eps) override { return inner_.rmsnorm(x, w, eps); }
+  Tensor linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
+                     const std::vector<int64_t>& positions, const RopeTable& table) override {
+    return inner_.linear_rope(x, w, heads, head_dim, rope_dim, positions, table);
+  }
   void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
             const RopeTable& table, bool inverse) override {
     inner_.rope(x, heads, head_dim, rope_dim, positions, table, inverse);

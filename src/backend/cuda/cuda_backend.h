@@ -43,6 +43,8 @@ class CudaBackend final : public Backend {
   Tensor embed(const Tensor& ids, const Weight& table) override;
   Tensor linear(const Tensor& x, const Weight& w) override;
   Tensor grouped_linear(const Tensor& x, const Weight& w, int groups) override;
+  Tensor linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
+                     const std::vector<int64_t>& positions, const RopeTable& table) override;
   Tensor rmsnorm(const Tensor& x, const Weight& weight, float eps) override;
   void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
             const RopeTable& table, bool inverse) override;
@@ -128,7 +130,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::UploadCache> page_uploads_;  // the batch's page tables (the same for every layer of a step)
   bool batch_invariant_ = false;
   bool fast_fp4_gemm_ = false;  // MXFP4 block sums on wgmma (mma_gemm.cuh)
-  // rope_qdq, rmsnorm_rope_qdq and concat_paged_rows as one launch each; DEEPINFER_FUSED_CHAINS=0
+  // rope_qdq, rmsnorm_rope_qdq, concat_paged_rows and linear_rope as one launch each; DEEPINFER_FUSED_CHAINS=0
   // runs the Backend compositions instead (the same bits: for measuring the fusion).
   bool fused_chains_ = true;
 };

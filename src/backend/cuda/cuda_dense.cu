@@ -12,6 +12,7 @@
 #include "backend/cuda/dense_linear.cuh"
 #include "backend/cuda/dense_scratch.cuh"
 #include "backend/cuda/pdl_launch.cuh"
+#include "backend/cuda/rope_math.cuh"
 
 namespace di {
 namespace {
@@ -20,6 +21,10 @@ using cuda::blocks_for;
 using cuda::dense::Scratch;
 using cuda::dense::upload;
 using cuda::dq::kFullMask;
+using cuda::RowRope;
+using cuda::rope_cos_sin;
+using cuda::rope_first;
+using cuda::rope_second;
 
 constexpr int kThreads = 256;
 
@@ -122,22 +127,6 @@ __global__ void __launch_bounds__(kNormThreads)
 
 // ---- rope -------------------------------------------------------------------------------------------
 
-// The rotation of pair i at position pos: cos/sin in fp64 rounded to fp32 (correctly rounded, as close
-// as possible to the CPU's cosf/sinf).
-__device__ __forceinline__ void rope_cos_sin(int64_t pos, float freq, bool inverse, float& c, float& sn) {
-  const float angle = __fmul_rn(static_cast<float>(pos), freq);
-  c = static_cast<float>(cos(static_cast<double>(angle)));
-  sn = static_cast<float>(sin(static_cast<double>(angle)));
-  if (inverse) sn = -sn;
-}
-// The rotated pair (a, b), bf16 out.
-__device__ __forceinline__ float rope_first(float a, float b, float c, float sn) {
-  return cuda::dq::round_bf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
-}
-__device__ __forceinline__ float rope_second(float a, float b, float c, float sn) {
-  return cuda::dq::round_bf16(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
-}
-
 // [S, heads, rope_dim/2] one thread per rotated pair, in place: 8 B read and written per pair.
 __global__ void rope_kernel(float* __restrict__ x, int64_t S, int heads, int head_dim, int rope_dim,
                             const int64_t* __restrict__ pos, const float* __restrict__ freqs, bool inverse) {
@@ -161,17 +150,8 @@ __global__ void rope_kernel(float* __restrict__ x, int64_t S, int heads, int hea
 // One row's RoPE as the fused kernels apply it: a warp holds 32 consecutive values of the row, value
 // `col` in this lane (pairs (2i, 2i + 1) never straddle a warp's 32). Returns the lane's value after
 // the forward rotation (unchanged outside every head's trailing rope_dim). All 32 lanes call it.
-struct RowRope {
-  const float* freqs;  // [rope_dim / 2]
-  int head_dim, rope_dim;
-};
 __device__ __forceinline__ float rope_lane(float v, int64_t col, int64_t pos, const RowRope& rope) {
-  const float other = __shfl_xor_sync(kFullMask, v, 1);
-  const int c = static_cast<int>(col % rope.head_dim), first = rope.head_dim - rope.rope_dim;
-  if (c < first) return v;
-  float cs, sn;
-  rope_cos_sin(pos, rope.freqs[(c - first) / 2], false, cs, sn);
-  return (c - first) % 2 == 0 ? rope_first(v, other, cs, sn) : rope_second(other, v, cs, sn);
+  return cuda::rope_value(v, __shfl_xor_sync(kFullMask, v, 1), col, pos, rope);
 }
 
 // ---- elementwise ------------------------------------------------------------------------------------
@@ -339,6 +319,24 @@ Tensor CudaBackend::linear(const Tensor& x, const Weight& w) {
       break;
     }
   }
+  return y;
+}
+
+Tensor CudaBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
+                                const std::vector<int64_t>& positions, const RopeTable& table) {
+  const bool quantized = w.mode == WeightMode::kFp8Block || w.mode == WeightMode::kFp4Expert;
+  if (!fused_chains_ || !quantized || heads <= 0 || head_dim % 2 != 0 || rope_dim % 2 != 0 ||
+      static_cast<int64_t>(heads) * head_dim != w.rows)
+    return Backend::linear_rope(x, w, heads, head_dim, rope_dim, positions, table);
+  DI_CHECK(x.type == TType::kF32 && x.row_size() == w.cols);
+  Tensor y = alloc(TType::kF32, {x.rows(), w.rows});
+  check_rope_args(y, heads, head_dim, rope_dim, positions, table);
+  if (y.numel() == 0) return y;
+  const cuda::dense::OutRope rope{rope_uploads_->get(positions),
+                                  RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
+  // the epilogue rotates unless K was split across CTAs
+  if (!cuda::dense::quantized_linear(x.f32(), x.rows(), w, y.f32(), batch_invariant_, fast_fp4_gemm_, rope))
+    CudaBackend::rope(y, heads, head_dim, rope_dim, positions, table, false);
   return y;
 }
 

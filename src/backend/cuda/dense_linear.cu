@@ -33,6 +33,7 @@
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/pdl_launch.cuh"
+#include "backend/cuda/rope_math.cuh"
 
 namespace di::cuda::mma {
 namespace {
@@ -82,6 +83,30 @@ __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, u
   if (lane == 0) scales[blk] = scale;
 }
 
+// The tile's bf16 outputs, rotated by RoPE where rope.rope.freqs is set (linear_rope: the queries'
+// projection). Rows are output features, so a pair's partner row r ^ 1 is lane ^ 4's value in the
+// same register (row0 is a multiple of 32: r is even exactly when g is). Every lane calls it.
+template <int NT>
+__device__ __forceinline__ void store_tile(const float (&acc)[2][NT][4], int row0, int N, int t0, int count,
+                                           const OutRope& rope, float* __restrict__ y) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = row0 + 16 * mt + 8 * (i >> 1) + g, t = nt * 8 + 2 * q + (i & 1);
+        const bool in = r < N && t < count;
+        float v = dq::round_bf16(acc[mt][nt][i]);
+        if (rope.rope.freqs) {
+          const float other = __shfl_xor_sync(kFullMask, v, 4);
+          if (in) v = rope_value(v, other, r, rope.pos[t0 + t], rope.rope);
+        }
+        if (in) y[static_cast<int64_t>(t0 + t) * N + r] = v;
+      }
+}
+
 // y[M, N] = bf16(x W^T) for FP8 block / MXFP4 weights. The activation comes quantized (xc / xs) or,
 // for one or two rows, as fp32 x that each CTA quantizes while staging it (no second launch; past two
 // rows the redundant quantizing costs more than the launch: op_bench, bench/RESULTS.md).
@@ -97,7 +122,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     quantized_linear_kernel(mma::ActSource src, int M, const uint8_t* __restrict__ w,
                             const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int kb_per_split,
                             int inline_splits, bool fixup, float* __restrict__ partial,
-                            unsigned* __restrict__ counters, float* __restrict__ y) {
+                            unsigned* __restrict__ counters, float* __restrict__ y, OutRope rope) {
   ::di::cuda::grid_dependency_wait();
   using namespace mma;
   const int warp = threadIdx.x >> 5;
@@ -114,15 +139,13 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
                              part);
       add_split(acc, part);
     }
-    for_each_acc(acc, row0, N, count,
-                 [&](int r, int t, float v) { y[static_cast<int64_t>(t0 + t) * N + r] = dq::round_bf16(v); });
+    store_tile(acc, row0, N, t0, count, rope, y);
     return;
   }
   const int kb0 = split * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
   cta_tile<F, NT, kFast>(w, wscale, scale_cols, N, K, row0, kb0, kb1, src, count, [&](int i) { return t0 + i; }, acc);
   if (splits == 1) {
-    for_each_acc(acc, row0, N, count,
-                 [&](int r, int t, float v) { y[static_cast<int64_t>(t0 + t) * N + r] = dq::round_bf16(v); });
+    store_tile(acc, row0, N, t0, count, rope, y);
     return;
   }
   for_each_acc(acc, row0, N, count, [&](int r, int t, float v) {
@@ -155,8 +178,10 @@ int resident_ctas() {
   return n;
 }
 
+// Returns whether `rope` (if set) was applied in the epilogue: not when K is split across CTAs (their
+// partials are summed after the tiles), where the caller rotates the output itself.
 template <mma::WFmt F, int NT, bool kFast>
-void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool invariant) {
+bool launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool invariant, const OutRope& rope) {
   const int64_t K = w.cols, N = w.rows, nb = K / 32;
   mma::ActSource src{nullptr, nullptr, x};
   if (M > 2) {  // quantize once in a prologue: each CTA quantizing its K range costs more past 2 rows
@@ -173,8 +198,8 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
     const dim3 grid(static_cast<unsigned>(row_ctas), 1u, static_cast<unsigned>(chunks));
     ::di::cuda::launch(quantized_linear_kernel<F, NT, true, kFast>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
                        wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split,
-                       plan.splits, false, nullptr, nullptr, y);
-    return;
+                       plan.splits, false, nullptr, nullptr, y, rope);
+    return true;
   }
   const bool fixup = mma::fixup_in_kernel(std::min<int64_t>(M, mma::kTokTile), plan.splits);
   float* partial = nullptr;
@@ -186,19 +211,21 @@ void launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
   const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(chunks));
   ::di::cuda::launch(quantized_linear_kernel<F, NT, false, kFast>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
                      wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split, 1, fixup,
-                     partial, counters, y);
+                     partial, counters, y, plan.splits == 1 ? rope : OutRope{});
   if (plan.splits > 1 && !fixup) {
     reduce_splits(partial, plan.splits, M * N, true, y);
   }
+  return plan.splits == 1;
 }
 
 template <mma::WFmt F, bool kFast>
-void launch_quantized_nt(int nt, const float* x, int64_t M, const Weight& w, float* y, bool invariant) {
+bool launch_quantized_nt(int nt, const float* x, int64_t M, const Weight& w, float* y, bool invariant,
+                         const OutRope& rope) {
   switch (nt) {
-    case 1: return launch_quantized<F, 1, kFast>(x, M, w, y, invariant);
-    case 2: return launch_quantized<F, 2, kFast>(x, M, w, y, invariant);
-    case 4: return launch_quantized<F, 4, kFast>(x, M, w, y, invariant);
-    default: return launch_quantized<F, 8, kFast>(x, M, w, y, invariant);
+    case 1: return launch_quantized<F, 1, kFast>(x, M, w, y, invariant, rope);
+    case 2: return launch_quantized<F, 2, kFast>(x, M, w, y, invariant, rope);
+    case 4: return launch_quantized<F, 4, kFast>(x, M, w, y, invariant, rope);
+    default: return launch_quantized<F, 8, kFast>(x, M, w, y, invariant, rope);
   }
 }
 
@@ -425,18 +452,19 @@ int nt_for(int64_t tokens) {
   return 8;
 }
 
-void quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool invariant, bool fast_fp4) {
+bool quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool invariant, bool fast_fp4,
+                      const OutRope& rope) {
   DI_CHECK(w.mode == WeightMode::kFp8Block || w.mode == WeightMode::kFp4Expert);
   const int64_t K = w.cols, N = w.rows;
   DI_CHECK_MSG(K % 32 == 0, "FP8 linear needs K divisible by 32");
   DI_CHECK_MSG(S * K < (1LL << 31) && N < (1LL << 30) && (S + 63) / 64 <= 65535, "linear: shape too large");
-  if (S == 0 || N == 0) return;
+  DI_CHECK(!rope.rope.freqs || (N % 2 == 0 && rope.rope.head_dim % 2 == 0 && rope.rope.rope_dim % 2 == 0 &&
+                                rope.rope.rope_dim <= rope.rope.head_dim && N % rope.rope.head_dim == 0));
+  if (S == 0 || N == 0) return true;
   if (w.mode == WeightMode::kFp8Block)
-    launch_quantized_nt<mma::WFmt::kFp8Block, false>(nt_for(S), x, S, w, y, invariant);
-  else if (fast_fp4)
-    launch_quantized_nt<mma::WFmt::kFp4Row, true>(nt_for(S), x, S, w, y, invariant);
-  else
-    launch_quantized_nt<mma::WFmt::kFp4Row, false>(nt_for(S), x, S, w, y, invariant);
+    return launch_quantized_nt<mma::WFmt::kFp8Block, false>(nt_for(S), x, S, w, y, invariant, rope);
+  if (fast_fp4) return launch_quantized_nt<mma::WFmt::kFp4Row, true>(nt_for(S), x, S, w, y, invariant, rope);
+  return launch_quantized_nt<mma::WFmt::kFp4Row, false>(nt_for(S), x, S, w, y, invariant, rope);
 }
 
 void float_linear(const float* x, int64_t S, const Weight& w, bool bf16_out, float* y) {

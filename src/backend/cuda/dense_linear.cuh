@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/rope_math.cuh"
 #include "backend/tensor.h"
 
 namespace di::cuda::dense {
@@ -15,8 +16,15 @@ namespace di::cuda::dense {
 // equals the CPU's to fp32 rounding (not bit for bit). No allocation per call (persistent workspace).
 // invariant: K split chosen without the row count (batch_invariance.cuh). fast_fp4: MXFP4 block sums on
 // the wgmma tensor cores (~14-bit sums, mma_gemm.cuh; EngineOptions::fast_fp4_gemm).
-void quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, bool invariant = false,
-                      bool fast_fp4 = false);
+// rope (linear_rope): the output's interleaved-pair RoPE (forward) at positions pos[row], applied in
+// the GEMM's epilogue with rope_kernel's arithmetic. Returns false when it was not applied (K split
+// across CTAs: the caller rotates the output); always true without rope.
+struct OutRope {
+  const int64_t* pos = nullptr;  // [rows]
+  RowRope rope{};                // freqs == nullptr: no rotation
+};
+bool quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, bool invariant = false,
+                      bool fast_fp4 = false, const OutRope& rope = {});
 
 // The activation quantizer of quantized_linear: codes [rows, K] E4M3, scales [rows, K/32] as floats.
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);
