@@ -126,6 +126,14 @@ class Backend {
     rope(y, heads, head_dim, rope_dim, positions, table, false);
     return y;
   }
+  // rope(x, ..., inverse = true) then grouped_linear(x, w, groups): the attention output into wo_a.
+  // x is consumed (the default rotates it in place; the CUDA backend rotates while staging it).
+  virtual Tensor inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim,
+                                             int rope_dim, const std::vector<int64_t>& positions,
+                                             const RopeTable& table) {
+    rope(x, heads, head_dim, rope_dim, positions, table, true);
+    return grouped_linear(x, w, groups);
+  }
   // Rounds every value to bf16 in place.
   virtual void round_bf16(Tensor& x) = 0;
   // x = bf16(x * factor), in place.

@@ -203,6 +203,17 @@ Tensor ProfilingBackend::linear_rope(const Tensor& x, const Weight& w, int heads
   }));
 }
 
+Tensor ProfilingBackend::inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim,
+                                                     int rope_dim, const std::vector<int64_t>& positions,
+                                                     const RopeTable& table) {
+  const double s = static_cast<double>(x.rows());
+  const double bytes = weight_storage_bytes(w) + tensor_bytes(x) + 4.0 * s * w.rows;
+  const double flops = 2.0 * s * w.rows * w.cols;
+  return track(timed(shape_label("rope_grouped_linear", w), bytes, flops, false, [&] {
+    return inner_.inverse_rope_grouped_linear(std::move(x), w, groups, heads, head_dim, rope_dim, positions, table);
+  }));
+}
+
 Tensor ProfilingBackend::grouped_linear(const Tensor& x, const Weight& w, int groups) {
   const double s = static_cast<double>(x.rows());
   const double bytes = weight_storage_bytes(w) + tensor_bytes(x) + 4.0 * s * w.rows;

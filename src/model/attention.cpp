@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <utility>
 
 #include "core/error.h"
 #include "model/model.h"
@@ -167,7 +168,7 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   be.side_wait(keys_ready);
   Tensor o = be.sparse_attention(r.q, heads, keys, idx, a.attn_sink, 1.0f / std::sqrt(static_cast<float>(dh)), kv_more,
                                  RowFormat::kFp4E4m3);
-  return attention_output(layer, o, batch.q_positions);
+  return attention_output(layer, std::move(o), batch.q_positions);
 }
 
 const WindowLists& Model::window_lists_of(Batch& batch) {
@@ -237,11 +238,11 @@ Tensor Model::attention_lists(const WindowLists& wl, const std::vector<Tensor>& 
       widest);
 }
 
-Tensor Model::attention_output(int layer, Tensor& o, const std::vector<int64_t>& positions) {
+Tensor Model::attention_output(int layer, Tensor o, const std::vector<int64_t>& positions) {
   const AttentionWeights& a = w_.layers[layer].attn;
-  backend_.rope(o, cfg_.n_heads, cfg_.head_dim, cfg_.rope_dim, positions, rope_[layer], true);
-  Tensor z = backend_.grouped_linear(o, a.wo_a, cfg_.o_groups);  // [n, G*o_lora]
-  return backend_.linear(z, a.wo_b);                               // [n, D]
+  Tensor z = backend_.inverse_rope_grouped_linear(std::move(o), a.wo_a, cfg_.o_groups, cfg_.n_heads, cfg_.head_dim,
+                                                  cfg_.rope_dim, positions, rope_[layer]);  // [n, G*o_lora]
+  return backend_.linear(z, a.wo_b);  // [n, D]
 }
 
 void Model::compress(int layer, const AttnRows& r, Batch& batch) {
@@ -469,7 +470,7 @@ Tensor Model::dspark_attention(int layer, const Tensor& x, const std::vector<int
     for (int64_t j = 0; j < len; ++j) idx[i * len + j] = static_cast<int32_t>(j < filled ? j : win + (j - filled));
   Tensor o = be.sparse_attention(q, heads, keys, be.from_host_i32(idx, {n, len}), a.attn_sink,
                                  1.0f / std::sqrt(static_cast<float>(dh)));
-  return attention_output(layer, o, positions);
+  return attention_output(layer, std::move(o), positions);
 }
 
 }  // namespace di

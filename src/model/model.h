@@ -172,7 +172,7 @@ class Model {
   using WithPoolRows = std::function<Tensor(const Tensor&, const Tensor&, size_t, size_t)>;
   Tensor attention_lists(const WindowLists& wl, const std::vector<Tensor>& lists, int64_t width, Batch& batch,
                          const WithPoolRows& with_pool_rows);
-  Tensor attention_output(int layer, Tensor& o, const std::vector<int64_t>& positions);
+  Tensor attention_output(int layer, Tensor o, const std::vector<int64_t>& positions);
   // Engram: appends ids to the history (cut to `start` first) and hashes them: [n][slot][col] rows.
   std::vector<int32_t> engram_hashes(SequenceState& state, int64_t start, const std::vector<int32_t>& ids);
   Tensor moe(int layer, const Tensor& x);

@@ -58,6 +58,10 @@ class EpBackend final : public Backend {
                      const std::vector<int64_t>& positions, const RopeTable& table) override {
     return inner_.linear_rope(x, w, heads, head_dim, rope_dim, positions, table);
   }
+  Tensor inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim, int rope_dim,
+                                     const std::vector<int64_t>& positions, const RopeTable& table) override {
+    return inner_.inverse_rope_grouped_linear(std::move(x), w, groups, heads, head_dim, rope_dim, positions, table);
+  }
   void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
             const RopeTable& table, bool inverse) override {
     inner_.rope(x, heads, head_dim, rope_dim, positions, table, inverse);

@@ -593,6 +593,33 @@ TEST_F(DenseOps, LinearRopeFusedExact) {
     }
 }
 
+// inverse_rope_grouped_linear (wo_a: the attention output's inverse RoPE applied while the tensor-core
+// kernel stages it) against rope then grouped_linear on the GPU, bit for bit: the V4.1 head (512 wide,
+// 64 rotated) and narrower heads, rows 1 .. 8 (fused) and 9, 24 (the separate ops).
+TEST_F(DenseOps, InverseRopeGroupedLinearFusedExact) {
+  struct Case {
+    int heads, head_dim, rope_dim, groups;
+  };
+  for (const Case& c : {Case{8, 512, 64, 2}, Case{16, 96, 32, 4}, Case{4, 128, 128, 1}})
+    for (int64_t s : {1, 2, 5, 8, 9, 24}) {
+      const int64_t n = static_cast<int64_t>(c.heads) * c.head_dim, k = n / c.groups;
+      SCOPED_TRACE("inverse_rope_grouped_linear heads=" + std::to_string(c.heads) + " dh=" + std::to_string(c.head_dim) +
+                   " rd=" + std::to_string(c.rope_dim) + " G=" + std::to_string(c.groups) + " S=" + std::to_string(s));
+      OwnedWeight w = uniform_fp8_weight(rng(), c.groups * 256, k, *gpu);
+      const RopeTable table = random_rope_table(rng(), c.rope_dim);
+      const std::vector<int64_t> pos = random_positions(rng(), s);
+      std::vector<float> xv = random_activation(rng(), s, n);
+      for (float& v : xv) v = quant::round_bf16(v);  // the attention's output is bf16
+      const Tensor fused = gpu->inverse_rope_grouped_linear(gpu->from_host_f32(xv, {s, n}), w.w, c.groups, c.heads,
+                                                            c.head_dim, c.rope_dim, pos, table);
+      Tensor steps = gpu->from_host_f32(xv, {s, n});
+      gpu->rope(steps, c.heads, c.head_dim, c.rope_dim, pos, table, true);
+      const Tensor want = gpu->grouped_linear(steps, w.w, c.groups);
+      const Compare cmp = compare(gpu->to_host_f32(fused), gpu->to_host_f32(want));
+      EXPECT_EQ(cmp.mismatches, 0) << cmp.str() << ", " << seed_note();
+    }
+}
+
 TEST_F(DenseOps, RmsnormRopeQdqFusedExact) {
   for (const RopeQdqCase& rc : kRopeQdqCases)
     for (DType dt : {DType::kBF16, DType::kF32})

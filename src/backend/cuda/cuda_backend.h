@@ -45,6 +45,8 @@ class CudaBackend final : public Backend {
   Tensor grouped_linear(const Tensor& x, const Weight& w, int groups) override;
   Tensor linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
                      const std::vector<int64_t>& positions, const RopeTable& table) override;
+  Tensor inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim, int rope_dim,
+                                     const std::vector<int64_t>& positions, const RopeTable& table) override;
   Tensor rmsnorm(const Tensor& x, const Weight& weight, float eps) override;
   void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
             const RopeTable& table, bool inverse) override;
@@ -130,7 +132,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::UploadCache> page_uploads_;  // the batch's page tables (the same for every layer of a step)
   bool batch_invariant_ = false;
   bool fast_fp4_gemm_ = false;  // MXFP4 block sums on wgmma (mma_gemm.cuh)
-  // rope_qdq, rmsnorm_rope_qdq, concat_paged_rows and linear_rope as one launch each; DEEPINFER_FUSED_CHAINS=0
+  // rope_qdq, rmsnorm_rope_qdq, concat_paged_rows, linear_rope and inverse_rope_grouped_linear as one launch
+  // each; DEEPINFER_FUSED_CHAINS=0
   // runs the Backend compositions instead (the same bits: for measuring the fusion).
   bool fused_chains_ = true;
 };

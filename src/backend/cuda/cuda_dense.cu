@@ -22,9 +22,6 @@ using cuda::dense::Scratch;
 using cuda::dense::upload;
 using cuda::dq::kFullMask;
 using cuda::RowRope;
-using cuda::rope_cos_sin;
-using cuda::rope_first;
-using cuda::rope_second;
 
 constexpr int kThreads = 256;
 
@@ -137,13 +134,9 @@ __global__ void rope_kernel(float* __restrict__ x, int64_t S, int heads, int hea
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int i = static_cast<int>(e % half);
     const int64_t rh = e / half;  // row * heads + head
-    const int64_t r = rh / heads;
-    float c, sn;
-    rope_cos_sin(pos[r], freqs[i], inverse, c, sn);
     float* p = x + rh * head_dim + (head_dim - rope_dim) + 2 * i;
-    const float a = p[0], b = p[1];
-    p[0] = rope_first(a, b, c, sn);
-    p[1] = rope_second(a, b, c, sn);
+    cuda::rope_pair(p[0], p[1], head_dim - rope_dim + 2 * i, pos[rh / heads], RowRope{freqs, head_dim, rope_dim},
+                    inverse);
   }
 }
 
@@ -332,11 +325,26 @@ Tensor CudaBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int
   Tensor y = alloc(TType::kF32, {x.rows(), w.rows});
   check_rope_args(y, heads, head_dim, rope_dim, positions, table);
   if (y.numel() == 0) return y;
-  const cuda::dense::OutRope rope{rope_uploads_->get(positions),
+  const cuda::dense::RopeArgs rope{rope_uploads_->get(positions),
                                   RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
   // the epilogue rotates unless K was split across CTAs
   if (!cuda::dense::quantized_linear(x.f32(), x.rows(), w, y.f32(), batch_invariant_, fast_fp4_gemm_, rope))
     CudaBackend::rope(y, heads, head_dim, rope_dim, positions, table, false);
+  return y;
+}
+
+Tensor CudaBackend::inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim,
+                                                int rope_dim, const std::vector<int64_t>& positions,
+                                                const RopeTable& table) {
+  if (!fused_chains_ || batch_invariant_ || heads <= 0 || head_dim % 2 != 0 || rope_dim % 2 != 0 ||
+      x.row_size() != static_cast<int64_t>(heads) * head_dim || groups <= 0 || x.row_size() != groups * w.cols ||
+      !cuda::dense::grouped_mma_rope_fits(x.f32(), x.rows(), w, groups))
+    return Backend::inverse_rope_grouped_linear(std::move(x), w, groups, heads, head_dim, rope_dim, positions, table);
+  check_rope_args(x, heads, head_dim, rope_dim, positions, table);
+  Tensor y = alloc(TType::kF32, {x.rows(), w.rows});
+  const cuda::dense::RopeArgs rope{rope_uploads_->get(positions),
+                                   RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
+  cuda::dense::grouped_mma_linear_inverse_rope(x.f32(), x.rows(), w, groups, rope, y.f32());
   return y;
 }
 

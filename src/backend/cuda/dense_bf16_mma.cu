@@ -23,6 +23,7 @@
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/pdl_launch.cuh"
+#include "backend/cuda/rope_math.cuh"
 #include "core/env_switch.h"
 
 namespace di::cuda::dense {
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     bf16_mma_kernel(const float* __restrict__ x, int64_t x_stride, int rows_per_group, int S, const uint8_t* __restrict__ w,
                     const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int k_per_split,
                     bool skip_zero_lo, bool bf16_out, float* __restrict__ y, float* __restrict__ partial,
-                    unsigned* __restrict__ counters) {
+                    unsigned* __restrict__ counters, RopeArgs x_rope) {
   ::di::cuda::grid_dependency_wait();
   constexpr int kTok = 8 * NT;
   constexpr bool kFp8 = F == MmaWeight::kFp8Block;
@@ -84,7 +85,8 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
   const int t0 = blockIdx.y * kTok, tokens = min(kTok, S - t0);
   const int row0 = blockIdx.x * kRowsPerCta + warp * 32;
-  const float* xg = x + static_cast<int64_t>(blockIdx.x * kRowsPerCta / rows_per_group) * K;
+  const int64_t x_col0 = static_cast<int64_t>(blockIdx.x * kRowsPerCta / rows_per_group) * K;  // the group's columns
+  const float* xg = x + x_col0;
   const int64_t row_bytes = kFp8 ? K : 2 * static_cast<int64_t>(K);
   const uint8_t* wr[2][2];
   bool ok[2][2];
@@ -108,8 +110,13 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     bool lo_nonzero = false;
     for (int i = threadIdx.x; i < kTok * (kChunk / 4); i += kMmaThreads) {
       const int t = i / (kChunk / 4), c = i % (kChunk / 4);
-      const float4 v = t < tokens ? __ldg(reinterpret_cast<const float4*>(xg + (t0 + t) * x_stride + k0) + c)
-                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float4 v = t < tokens ? __ldg(reinterpret_cast<const float4*>(xg + (t0 + t) * x_stride + k0) + c)
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (kFp8 && x_rope.rope.freqs && t < tokens) {  // wo_a: x's inverse RoPE (pairs start at even columns)
+        const int64_t col = x_col0 + k0 + 4 * c, pos = x_rope.pos[t0 + t];
+        rope_pair(v.x, v.y, col, pos, x_rope.rope, true);
+        rope_pair(v.z, v.w, col + 2, pos, x_rope.rope, true);
+      }
       const __nv_bfloat162 h01 = __floats2bfloat162_rn(v.x, v.y), h23 = __floats2bfloat162_rn(v.z, v.w);
       const __nv_bfloat162 l01 = __floats2bfloat162_rn(v.x - __low2float(h01), v.y - __high2float(h01));
       const __nv_bfloat162 l23 = __floats2bfloat162_rn(v.z - __low2float(h23), v.w - __high2float(h23));
@@ -214,7 +221,8 @@ bool skip_zero_lo() {
 // tokens x splits is small (the quantized linears' rule: at batch 1 the reduce launch cost ~3 us
 // of a ~20 us wo_a), else by reduce_splits.
 template <MmaWeight F, int NT>
-void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y) {
+void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y,
+               const RopeArgs& x_rope) {
   const int64_t ctas = (w.rows + kRowsPerCta - 1) / kRowsPerCta * ((S + 8 * NT - 1) / (8 * NT));
   const int64_t chunks = w.cols / kChunk;
   const int64_t splits = std::clamp<int64_t>(264 / ctas, 1, std::max<int64_t>(1, chunks / 8));
@@ -227,17 +235,19 @@ void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, 
   unsigned* counters = fixup ? workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(grid.x) * grid.y) : nullptr;
   ::di::cuda::launch(bf16_mma_kernel<NT, F>, grid, kMmaThreads, 0, x, x_stride, rows_per_group, static_cast<int>(S),
                      wdata(w), F == MmaWeight::kFp8Block ? wscale(w) : nullptr, w.scale_cols, static_cast<int>(w.rows),
-                     static_cast<int>(w.cols), static_cast<int>(per_split), skip_zero_lo(), bf16_out, y, partial, counters);
+                     static_cast<int>(w.cols), static_cast<int>(per_split), skip_zero_lo(), bf16_out, y, partial, counters,
+                     x_rope);
   if (partial && !fixup) reduce_splits(partial, static_cast<int>(used), S * w.rows, bf16_out, y);
 }
 
 template <MmaWeight F>
-void launch(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y) {
+void launch(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y,
+            const RopeArgs& x_rope = {}) {
   switch (nt_for(S)) {
-    case 1: return launch_nt<F, 1>(x, x_stride, rows_per_group, S, w, bf16_out, y);
-    case 2: return launch_nt<F, 2>(x, x_stride, rows_per_group, S, w, bf16_out, y);
-    case 4: return launch_nt<F, 4>(x, x_stride, rows_per_group, S, w, bf16_out, y);
-    default: return launch_nt<F, 8>(x, x_stride, rows_per_group, S, w, bf16_out, y);
+    case 1: return launch_nt<F, 1>(x, x_stride, rows_per_group, S, w, bf16_out, y, x_rope);
+    case 2: return launch_nt<F, 2>(x, x_stride, rows_per_group, S, w, bf16_out, y, x_rope);
+    case 4: return launch_nt<F, 4>(x, x_stride, rows_per_group, S, w, bf16_out, y, x_rope);
+    default: return launch_nt<F, 8>(x, x_stride, rows_per_group, S, w, bf16_out, y, x_rope);
   }
 }
 
@@ -264,6 +274,17 @@ bool grouped_mma_fits(const float* x, int64_t rows, const Weight& w, int groups)
 void grouped_mma_linear(const float* x, int64_t rows, const Weight& w, int groups, float* y) {
   DI_CHECK(grouped_mma_fits(x, rows, w, groups));
   launch<MmaWeight::kFp8Block>(x, w.cols * groups, static_cast<int>(w.rows / groups), rows, w, true, y);
+}
+
+bool grouped_mma_rope_fits(const float* x, int64_t rows, const Weight& w, int groups) {
+  return rows <= 8 && grouped_mma_fits(x, rows, w, groups);
+}
+
+void grouped_mma_linear_inverse_rope(const float* x, int64_t rows, const Weight& w, int groups, const RopeArgs& rope,
+                                     float* y) {
+  DI_CHECK(grouped_mma_rope_fits(x, rows, w, groups) && rope.rope.freqs && rope.rope.head_dim % 2 == 0 &&
+           rope.rope.rope_dim % 2 == 0 && rope.rope.rope_dim <= rope.rope.head_dim);
+  launch<MmaWeight::kFp8Block>(x, w.cols * groups, static_cast<int>(w.rows / groups), rows, w, true, y, rope);
 }
 
 }  // namespace di::cuda::dense

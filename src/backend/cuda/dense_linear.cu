@@ -88,7 +88,7 @@ __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, u
 // same register (row0 is a multiple of 32: r is even exactly when g is). Every lane calls it.
 template <int NT>
 __device__ __forceinline__ void store_tile(const float (&acc)[2][NT][4], int row0, int N, int t0, int count,
-                                           const OutRope& rope, float* __restrict__ y) {
+                                           const RopeArgs& rope, float* __restrict__ y) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     quantized_linear_kernel(mma::ActSource src, int M, const uint8_t* __restrict__ w,
                             const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int kb_per_split,
                             int inline_splits, bool fixup, float* __restrict__ partial,
-                            unsigned* __restrict__ counters, float* __restrict__ y, OutRope rope) {
+                            unsigned* __restrict__ counters, float* __restrict__ y, RopeArgs rope) {
   ::di::cuda::grid_dependency_wait();
   using namespace mma;
   const int warp = threadIdx.x >> 5;
@@ -181,7 +181,7 @@ int resident_ctas() {
 // Returns whether `rope` (if set) was applied in the epilogue: not when K is split across CTAs (their
 // partials are summed after the tiles), where the caller rotates the output itself.
 template <mma::WFmt F, int NT, bool kFast>
-bool launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool invariant, const OutRope& rope) {
+bool launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool invariant, const RopeArgs& rope) {
   const int64_t K = w.cols, N = w.rows, nb = K / 32;
   mma::ActSource src{nullptr, nullptr, x};
   if (M > 2) {  // quantize once in a prologue: each CTA quantizing its K range costs more past 2 rows
@@ -211,7 +211,7 @@ bool launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
   const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(plan.splits), static_cast<unsigned>(chunks));
   ::di::cuda::launch(quantized_linear_kernel<F, NT, false, kFast>, grid, mma::kThreads, 0, src, static_cast<int>(M), wdata(w),
                      wscale(w), w.scale_cols, static_cast<int>(N), static_cast<int>(K), plan.kb_per_split, 1, fixup,
-                     partial, counters, y, plan.splits == 1 ? rope : OutRope{});
+                     partial, counters, y, plan.splits == 1 ? rope : RopeArgs{});
   if (plan.splits > 1 && !fixup) {
     reduce_splits(partial, plan.splits, M * N, true, y);
   }
@@ -220,7 +220,7 @@ bool launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
 
 template <mma::WFmt F, bool kFast>
 bool launch_quantized_nt(int nt, const float* x, int64_t M, const Weight& w, float* y, bool invariant,
-                         const OutRope& rope) {
+                         const RopeArgs& rope) {
   switch (nt) {
     case 1: return launch_quantized<F, 1, kFast>(x, M, w, y, invariant, rope);
     case 2: return launch_quantized<F, 2, kFast>(x, M, w, y, invariant, rope);
@@ -453,7 +453,7 @@ int nt_for(int64_t tokens) {
 }
 
 bool quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool invariant, bool fast_fp4,
-                      const OutRope& rope) {
+                      const RopeArgs& rope) {
   DI_CHECK(w.mode == WeightMode::kFp8Block || w.mode == WeightMode::kFp4Expert);
   const int64_t K = w.cols, N = w.rows;
   DI_CHECK_MSG(K % 32 == 0, "FP8 linear needs K divisible by 32");

@@ -16,15 +16,17 @@ namespace di::cuda::dense {
 // equals the CPU's to fp32 rounding (not bit for bit). No allocation per call (persistent workspace).
 // invariant: K split chosen without the row count (batch_invariance.cuh). fast_fp4: MXFP4 block sums on
 // the wgmma tensor cores (~14-bit sums, mma_gemm.cuh; EngineOptions::fast_fp4_gemm).
-// rope (linear_rope): the output's interleaved-pair RoPE (forward) at positions pos[row], applied in
-// the GEMM's epilogue with rope_kernel's arithmetic. Returns false when it was not applied (K split
-// across CTAs: the caller rotates the output); always true without rope.
-struct OutRope {
+// RoPE applied inside a GEMM (linear_rope: the output, forward; grouped_mma_linear: the input,
+// inverse), with rope_kernel's arithmetic: rows of heads whose trailing rope_dim rotate in
+// interleaved pairs, row r at position pos[r]. rope.freqs == nullptr: no rotation.
+struct RopeArgs {
   const int64_t* pos = nullptr;  // [rows]
-  RowRope rope{};                // freqs == nullptr: no rotation
+  RowRope rope{};
 };
+// rope: rotates the output in the epilogue; returns false when it did not (K split across CTAs: the
+// caller rotates the output itself). Always true without rope.
 bool quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, bool invariant = false,
-                      bool fast_fp4 = false, const OutRope& rope = {});
+                      bool fast_fp4 = false, const RopeArgs& rope = {});
 
 // The activation quantizer of quantized_linear: codes [rows, K] E4M3, scales [rows, K/32] as floats.
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);
@@ -59,6 +61,12 @@ void bf16_mma_linear(const float* x, int64_t rows, const Weight& w, bool bf16_ou
 // R % 256 == 0, K % 64 == 0.
 bool grouped_mma_fits(const float* x, int64_t rows, const Weight& w, int groups);
 void grouped_mma_linear(const float* x, int64_t rows, const Weight& w, int groups, float* y);
+// The same with x's inverse RoPE applied while staging it (x itself is not written): wo_a after the
+// attention. Up to 8 rows (each CTA recomputes the rotations of its K range; past one token tile
+// that costs more than the rope launch it saves).
+bool grouped_mma_rope_fits(const float* x, int64_t rows, const Weight& w, int groups);
+void grouped_mma_linear_inverse_rope(const float* x, int64_t rows, const Weight& w, int groups, const RopeArgs& rope,
+                                     float* y);
 
 // Block-diagonal: x [S, G*K], W [G*R, K] kFp8Block, y [S, G*R] = bf16(x_g . dequant(W_o)).
 void grouped_linear(const float* x, int64_t rows, const Weight& w, int groups, float* y);
