@@ -84,27 +84,19 @@ __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, u
 }
 
 // The tile's bf16 outputs, rotated by RoPE where rope.rope.freqs is set (linear_rope: the queries'
-// projection). Rows are output features, so a pair's partner row r ^ 1 is lane ^ 4's value in the
-// same register (row0 is a multiple of 32: r is even exactly when g is). Every lane calls it.
+// projection). Rows are output features, so a pair's partner row r ^ 1 is lane ^ 4's value of the
+// same accumulator (for_each_acc_all). Every lane calls it.
 template <int NT>
 __device__ __forceinline__ void store_tile(const float (&acc)[2][NT][4], int row0, int N, int t0, int count,
                                            const RopeArgs& rope, float* __restrict__ y) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = row0 + 16 * mt + 8 * (i >> 1) + g, t = nt * 8 + 2 * q + (i & 1);
-        const bool in = r < N && t < count;
-        float v = dq::round_bf16(acc[mt][nt][i]);
-        if (rope.rope.freqs) {
-          const float other = __shfl_xor_sync(kFullMask, v, 4);
-          if (in) v = rope_value(v, other, r, rope.pos[t0 + t], rope.rope);
-        }
-        if (in) y[static_cast<int64_t>(t0 + t) * N + r] = v;
-      }
+  mma::for_each_acc_all(acc, row0, N, count, [&](int r, int t, float a, bool in) {
+    float v = dq::round_bf16(a);
+    if (rope.rope.freqs) {
+      const float other = __shfl_xor_sync(kFullMask, v, 4);
+      if (in) v = rope_value(v, other, r, rope.pos[t0 + t], rope.rope);
+    }
+    if (in) y[static_cast<int64_t>(t0 + t) * N + r] = v;
+  });
 }
 
 // y[M, N] = bf16(x W^T) for FP8 block / MXFP4 weights. The activation comes quantized (xc / xs) or,

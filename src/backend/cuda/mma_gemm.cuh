@@ -465,9 +465,11 @@ __device__ __forceinline__ void add_split(float (&sum)[2][NT][4], const float (&
       for (int i = 0; i < 4; ++i) sum[mt][nt][i] = __fadd_rn(sum[mt][nt][i], part[mt][nt][i]);
 }
 
-// Visits the warp's accumulators: f(row, token index in the tile, value) for rows < N, tokens < count.
+// Visits every accumulator of the warp in every lane (for warp shuffles between them): f(row, token
+// index in the tile, value, in) with in = row < N and token < count. Row r's lane is 4 (r % 8) + the
+// token's pair q, so rows r and r ^ 1 (row0 even) sit in lanes l and l ^ 4.
 template <int NT, class F>
-__device__ __forceinline__ void for_each_acc(const float (&acc)[2][NT][4], int row0, int N, int count, const F& f) {
+__device__ __forceinline__ void for_each_acc_all(const float (&acc)[2][NT][4], int row0, int N, int count, const F& f) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -476,8 +478,16 @@ __device__ __forceinline__ void for_each_acc(const float (&acc)[2][NT][4], int r
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = row0 + 16 * mt + 8 * (i >> 1) + g, t = nt * 8 + 2 * q + (i & 1);
-        if (r < N && t < count) f(r, t, acc[mt][nt][i]);
+        f(r, t, acc[mt][nt][i], r < N && t < count);
       }
+}
+
+// Visits the warp's accumulators: f(row, token index in the tile, value) for rows < N, tokens < count.
+template <int NT, class F>
+__device__ __forceinline__ void for_each_acc(const float (&acc)[2][NT][4], int row0, int N, int count, const F& f) {
+  for_each_acc_all(acc, row0, N, count, [&](int r, int t, float v, bool in) {
+    if (in) f(r, t, v);
+  });
 }
 
 // Split-K fix-up: the last CTA of a tile group to arrive sums the partials (cuda_common.cuh).
