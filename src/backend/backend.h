@@ -118,11 +118,22 @@ class Backend {
   // bf16 out. positions: [S]. inverse: conjugate rotation.
   virtual void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
                     const RopeTable& table, bool inverse) = 0;
-  // linear(x, w) then rope(y, ..., inverse = false): the queries' projection. The CUDA backend rotates
-  // in the GEMM's epilogue (same bits).
+  // The queries' projection: y = linear(x', w), then rope(y, ..., inverse = false), where x' = x or,
+  // with norm.weight, rmsnorm(x, *norm.weight, norm.eps) (stored into *norm.normed when that is set).
+  // The CUDA backend normalizes while the GEMM stages x and rotates in its epilogue (same bits).
+  struct InputNorm {
+    const Weight* weight = nullptr;
+    float eps = 0.0f;
+    Tensor* normed = nullptr;
+  };
   virtual Tensor linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
-                             const std::vector<int64_t>& positions, const RopeTable& table) {
-    Tensor y = linear(x, w);
+                             const std::vector<int64_t>& positions, const RopeTable& table, const InputNorm& norm) {
+    Tensor in = x;
+    if (norm.weight) {
+      in = rmsnorm(x, *norm.weight, norm.eps);
+      if (norm.normed) *norm.normed = in;
+    }
+    Tensor y = linear(in, w);
     rope(y, heads, head_dim, rope_dim, positions, table, false);
     return y;
   }

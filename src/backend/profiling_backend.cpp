@@ -194,13 +194,17 @@ Tensor ProfilingBackend::linear(const Tensor& x, const Weight& w) {
 }
 
 Tensor ProfilingBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
-                                     const std::vector<int64_t>& positions, const RopeTable& table) {
+                                     const std::vector<int64_t>& positions, const RopeTable& table,
+                                     const InputNorm& norm) {
   const double s = static_cast<double>(x.rows());
-  const double bytes = weight_storage_bytes(w) + tensor_bytes(x) + 4.0 * s * w.rows;
+  const double bytes = weight_storage_bytes(w) + tensor_bytes(x) + 4.0 * s * w.rows +
+                       (norm.weight ? weight_storage_bytes(*norm.weight) : 0.0) +
+                       (norm.normed ? tensor_bytes(x) : 0.0);
   const double flops = 2.0 * s * w.rows * w.cols;
-  return track(timed(shape_label("linear_rope", w), bytes, flops, is_fp8(w), [&] {
-    return inner_.linear_rope(x, w, heads, head_dim, rope_dim, positions, table);
-  }));
+  Tensor y = track(timed(shape_label(norm.weight ? "rmsnorm_linear_rope" : "linear_rope", w), bytes, flops, is_fp8(w),
+                         [&] { return inner_.linear_rope(x, w, heads, head_dim, rope_dim, positions, table, norm); }));
+  if (norm.normed) *norm.normed = track(*norm.normed);
+  return y;
 }
 
 Tensor ProfilingBackend::inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim,

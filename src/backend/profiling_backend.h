@@ -87,7 +87,7 @@ class ProfilingBackend final : public Backend {
   Tensor linear(const Tensor& x, const Weight& w) override;
   Tensor grouped_linear(const Tensor& x, const Weight& w, int groups) override;
   Tensor linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
-                     const std::vector<int64_t>& positions, const RopeTable& table) override;
+                     const std::vector<int64_t>& positions, const RopeTable& table, const InputNorm& norm) override;
   Tensor inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim, int rope_dim,
                                      const std::vector<int64_t>& positions, const RopeTable& table) override;
   Tensor rmsnorm(const Tensor& x, const Weight& weight, float eps) override;

@@ -121,9 +121,11 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   const int keys_ready = be.side_mark();
   if (beside) run_beside(be, beside);
 
-  r.qr = be.rmsnorm(be.linear(r.xq, a.wq_a), a.q_norm, eps);  // [q rows, q_lora]
-  r.q = be.linear_rope(r.qr, a.wq_b, heads, dh, rd, batch.q_positions, rope_[layer]);  // [q rows, H*Dh]
-  if (ls.mode == AttnMode::kFull || ls.mode == AttnMode::kReindex) {
+  // q = rope(wq_b(qr)), qr = q_norm(wq_a(x)) [q rows, q_lora]: kept where the indexer reads it too
+  const bool indexed = ls.mode == AttnMode::kFull || ls.mode == AttnMode::kReindex;
+  r.q = be.linear_rope(be.linear(r.xq, a.wq_a), a.wq_b, heads, dh, rd, batch.q_positions, rope_[layer],
+                       {&a.q_norm, eps, indexed ? &r.qr : nullptr});  // [q rows, H*Dh]
+  if (indexed) {
     r.qi = be.linear(r.qr, a.idx_wq_b);  // [q rows, nIH * ihd]
     be.rope_qdq(r.qi, cfg_.index_n_heads, ihd, rd, batch.q_positions, rope_[layer], RowFormat::kFp4Ue8m0);
     r.wts = be.linear(r.xq, a.idx_weights_proj);  // [q rows, nIH]
@@ -458,8 +460,7 @@ Tensor Model::dspark_attention(int layer, const Tensor& x, const std::vector<int
   int64_t n = x.rows(), win = cfg_.window, last = positions.front() - 1;  // last seeded position
   int heads = cfg_.n_heads, dh = cfg_.head_dim, rd = cfg_.rope_dim;
   const float eps = static_cast<float>(cfg_.norm_eps);
-  Tensor qr = be.rmsnorm(be.linear(x, a.wq_a), a.q_norm, eps);
-  Tensor q = be.linear_rope(qr, a.wq_b, heads, dh, rd, positions, rope_[layer]);
+  Tensor q = be.linear_rope(be.linear(x, a.wq_a), a.wq_b, heads, dh, rd, positions, rope_[layer], {&a.q_norm, eps});
   Tensor kv = be.rmsnorm_rope_qdq(be.linear(x, a.wkv), a.kv_norm, eps, 1, dh, rd, positions, rope_[layer],
                                   RowFormat::kFp8Ue8m0);
   // keys: the ring slots filled so far, then every block row (non-causal inside the block)

@@ -55,8 +55,8 @@ class EpBackend final : public Backend {
   }
   Tensor rmsnorm(const Tensor& x, const Weight& w, float eps) override { return inner_.rmsnorm(x, w, eps); }
   Tensor linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
-                     const std::vector<int64_t>& positions, const RopeTable& table) override {
-    return inner_.linear_rope(x, w, heads, head_dim, rope_dim, positions, table);
+                     const std::vector<int64_t>& positions, const RopeTable& table, const InputNorm& norm) override {
+    return inner_.linear_rope(x, w, heads, head_dim, rope_dim, positions, table, norm);
   }
   Tensor inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim, int rope_dim,
                                      const std::vector<int64_t>& positions, const RopeTable& table) override {

@@ -81,11 +81,12 @@ __device__ __forceinline__ float rms_scale(float sum_sq, int64_t n, float eps) {
 }
 
 // cpu::sum_squares's final step over its 256 chains, chain t being thread t's `s`: the same pairwise
-// tree -- shared memory down to 32 partials, then shuffles. Every thread gets the result; call from
-// every thread of the CTA, once.
+// tree -- shared memory down to 32 partials, then shuffles. With 128 threads, thread t's `s` must be
+// chains t + (t + 128), the tree's first level. Every thread gets the result; call from every thread
+// of the CTA, once.
 template <int kThreads>
 __device__ __forceinline__ float block_chains_total(float s) {
-  static_assert(kThreads == 256, "one thread per chain of cpu::sum_squares");
+  static_assert(kThreads == 256 || kThreads == 128, "one thread per chain of cpu::sum_squares, or per pair");
   __shared__ float part[kThreads];
   __shared__ float total;
   part[threadIdx.x] = s;
@@ -121,6 +122,29 @@ __device__ __forceinline__ float block_sum_squares_exact(const float* __restrict
       if (i0 + k * kThreads < n) s = __fadd_rn(s, __fmul_rn(v[k], v[k]));
   }
   return block_chains_total<kThreads>(s);
+}
+
+// The same sum by a CTA of 128 threads (the GEMM tiles): thread t runs chains t and t + 128 (elements
+// i = t, t + 256, ... and i = t + 128, t + 384, ...) and adds them as the tree's first level would.
+__device__ __forceinline__ float block_sum_squares_exact128(const float* __restrict__ x, int64_t n) {
+  constexpr int kBatch = 8;
+  float s0 = 0.0f, s1 = 0.0f;
+  for (int64_t i0 = threadIdx.x; i0 < n; i0 += kBatch * 256) {
+    float v[kBatch][2];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t i = i0 + k * 256 + c * 128;
+        v[k][c] = i < n ? x[i] : 0.0f;
+      }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (i0 + k * 256 < n) s0 = __fadd_rn(s0, __fmul_rn(v[k][0], v[k][0]));
+      if (i0 + k * 256 + 128 < n) s1 = __fadd_rn(s1, __fmul_rn(v[k][1], v[k][1]));
+    }
+  }
+  return block_chains_total<128>(__fadd_rn(s0, s1));
 }
 
 // Split fix-up: after every CTA of a group has stored its part, the last one to arrive (counter)

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "backend/cuda/attn_common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
@@ -316,19 +317,30 @@ Tensor CudaBackend::linear(const Tensor& x, const Weight& w) {
 }
 
 Tensor CudaBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
-                                const std::vector<int64_t>& positions, const RopeTable& table) {
+                                const std::vector<int64_t>& positions, const RopeTable& table, const InputNorm& norm) {
   const bool quantized = w.mode == WeightMode::kFp8Block || w.mode == WeightMode::kFp4Expert;
   if (!fused_chains_ || !quantized || heads <= 0 || head_dim % 2 != 0 || rope_dim % 2 != 0 ||
-      static_cast<int64_t>(heads) * head_dim != w.rows)
-    return Backend::linear_rope(x, w, heads, head_dim, rope_dim, positions, table);
+      static_cast<int64_t>(heads) * head_dim != w.rows ||
+      (norm.weight && norm.weight->cols != w.cols && norm.weight->rows * norm.weight->cols != w.cols))
+    return Backend::linear_rope(x, w, heads, head_dim, rope_dim, positions, table, norm);
   DI_CHECK(x.type == TType::kF32 && x.row_size() == w.cols);
-  Tensor y = alloc(TType::kF32, {x.rows(), w.rows});
+  const int64_t s = x.rows();
+  Tensor y = alloc(TType::kF32, {s, w.rows});
   check_rope_args(y, heads, head_dim, rope_dim, positions, table);
+  cuda::dense::NormArgs na;
+  if (norm.weight) {
+    check_float_dtype(norm.weight->dtype, "linear_rope");
+    na = {cuda::wdata(*norm.weight), cuda::attn::weight_type(*norm.weight, "linear_rope", "norm"), norm.eps, nullptr};
+    if (norm.normed) {
+      *norm.normed = alloc(TType::kF32, {s, w.cols});
+      na.normed = norm.normed->f32();
+    }
+  }
   if (y.numel() == 0) return y;
   const cuda::dense::RopeArgs rope{rope_uploads_->get(positions),
-                                  RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
+                                   RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
   // the epilogue rotates unless K was split across CTAs
-  if (!cuda::dense::quantized_linear(x.f32(), x.rows(), w, y.f32(), batch_invariant_, fast_fp4_gemm_, rope))
+  if (!cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_, rope, na))
     CudaBackend::rope(y, heads, head_dim, rope_dim, positions, table, false);
   return y;
 }

@@ -83,6 +83,26 @@ __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, u
   if (lane == 0) scales[blk] = scale;
 }
 
+// rmsnorm_kernel then act_quant_kernel in one launch (q_norm before wq_b, past 2 rows): one CTA of 256
+// threads per row, rmsnorm_kernel's arithmetic, then each warp's 32 consecutive values quantized as
+// act_quant_kernel does. normed: the normalized rows too (nullptr: not written). n % 32 == 0.
+__global__ void __launch_bounds__(256)
+    rmsnorm_quant_kernel(const float* __restrict__ x, int64_t n, const uint8_t* __restrict__ w, attn::WType wt,
+                         float eps, float* __restrict__ normed, uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  ::di::cuda::grid_dependency_wait();
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * n;
+  const float inv = rms_scale(block_sum_squares_exact<256>(xr, n), n, eps);
+  const int lane = threadIdx.x & 31;
+  for (int64_t i = threadIdx.x; i < n; i += 256) {  // whole warps take each step (n % 32 == 0)
+    const float v = dq::round_bf16(__fmul_rn(attn::weight_elem(w, wt, i), __fmul_rn(xr[i], inv)));
+    if (normed) normed[row * n + i] = v;
+    float scale;
+    codes[row * n + i] = dq::act_quant_lane(v, scale);
+    if (lane == 0) scales[row * (n / 32) + i / 32] = scale;
+  }
+}
+
 // The tile's bf16 outputs, rotated by RoPE where rope.rope.freqs is set (linear_rope: the queries'
 // projection). Rows are output features, so a pair's partner row r ^ 1 is lane ^ 4's value of the
 // same accumulator (for_each_acc_all). Every lane calls it.
@@ -173,14 +193,23 @@ int resident_ctas() {
 // Returns whether `rope` (if set) was applied in the epilogue: not when K is split across CTAs (their
 // partials are summed after the tiles), where the caller rotates the output itself.
 template <mma::WFmt F, int NT, bool kFast>
-bool launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool invariant, const RopeArgs& rope) {
+bool launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool invariant, const RopeArgs& rope,
+                      const NormArgs& norm) {
   const int64_t K = w.cols, N = w.rows, nb = K / 32;
   mma::ActSource src{nullptr, nullptr, x};
-  if (M > 2) {  // quantize once in a prologue: each CTA quantizing its K range costs more past 2 rows
+  if (M > 2 || norm.normed) {  // quantize once in a prologue: each CTA quantizing its K range costs more past 2 rows
     uint8_t* codes = workspace_as<uint8_t>(Ws::kActCodes, static_cast<size_t>(M * K));
     float* scales = workspace_as<float>(Ws::kActScales, static_cast<size_t>(M * nb));
-    quantize_activation(x, M, K, codes, scales);
+    if (norm.w)
+      ::di::cuda::launch(rmsnorm_quant_kernel, static_cast<unsigned>(M), 256, 0, x, K, norm.w, norm.type, norm.eps,
+                         norm.normed, codes, scales);
+    else
+      quantize_activation(x, M, K, codes, scales);
     src = mma::ActSource{codes, scales, nullptr};
+  } else if (norm.w) {  // each CTA normalizes the rows while staging them
+    src.norm_w = norm.w;
+    src.norm_type = norm.type;
+    src.eps = norm.eps;
   }
   const int64_t row_ctas = (N + mma::kCtaRows - 1) / mma::kCtaRows, chunks = (M + mma::kTokTile - 1) / mma::kTokTile;
   const int64_t capacity = resident_ctas<F, NT, kFast>() * sm_count();
@@ -212,12 +241,12 @@ bool launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
 
 template <mma::WFmt F, bool kFast>
 bool launch_quantized_nt(int nt, const float* x, int64_t M, const Weight& w, float* y, bool invariant,
-                         const RopeArgs& rope) {
+                         const RopeArgs& rope, const NormArgs& norm) {
   switch (nt) {
-    case 1: return launch_quantized<F, 1, kFast>(x, M, w, y, invariant, rope);
-    case 2: return launch_quantized<F, 2, kFast>(x, M, w, y, invariant, rope);
-    case 4: return launch_quantized<F, 4, kFast>(x, M, w, y, invariant, rope);
-    default: return launch_quantized<F, 8, kFast>(x, M, w, y, invariant, rope);
+    case 1: return launch_quantized<F, 1, kFast>(x, M, w, y, invariant, rope, norm);
+    case 2: return launch_quantized<F, 2, kFast>(x, M, w, y, invariant, rope, norm);
+    case 4: return launch_quantized<F, 4, kFast>(x, M, w, y, invariant, rope, norm);
+    default: return launch_quantized<F, 8, kFast>(x, M, w, y, invariant, rope, norm);
   }
 }
 
@@ -445,7 +474,7 @@ int nt_for(int64_t tokens) {
 }
 
 bool quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool invariant, bool fast_fp4,
-                      const RopeArgs& rope) {
+                      const RopeArgs& rope, const NormArgs& norm) {
   DI_CHECK(w.mode == WeightMode::kFp8Block || w.mode == WeightMode::kFp4Expert);
   const int64_t K = w.cols, N = w.rows;
   DI_CHECK_MSG(K % 32 == 0, "FP8 linear needs K divisible by 32");
@@ -454,9 +483,9 @@ bool quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool
                                 rope.rope.rope_dim <= rope.rope.head_dim && N % rope.rope.head_dim == 0));
   if (S == 0 || N == 0) return true;
   if (w.mode == WeightMode::kFp8Block)
-    return launch_quantized_nt<mma::WFmt::kFp8Block, false>(nt_for(S), x, S, w, y, invariant, rope);
-  if (fast_fp4) return launch_quantized_nt<mma::WFmt::kFp4Row, true>(nt_for(S), x, S, w, y, invariant, rope);
-  return launch_quantized_nt<mma::WFmt::kFp4Row, false>(nt_for(S), x, S, w, y, invariant, rope);
+    return launch_quantized_nt<mma::WFmt::kFp8Block, false>(nt_for(S), x, S, w, y, invariant, rope, norm);
+  if (fast_fp4) return launch_quantized_nt<mma::WFmt::kFp4Row, true>(nt_for(S), x, S, w, y, invariant, rope, norm);
+  return launch_quantized_nt<mma::WFmt::kFp4Row, false>(nt_for(S), x, S, w, y, invariant, rope, norm);
 }
 
 void float_linear(const float* x, int64_t S, const Weight& w, bool bf16_out, float* y) {

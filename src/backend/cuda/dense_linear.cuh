@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/attn_common.cuh"
 #include "backend/cuda/rope_math.cuh"
 #include "backend/tensor.h"
 
@@ -23,10 +24,19 @@ struct RopeArgs {
   const int64_t* pos = nullptr;  // [rows]
   RowRope rope{};
 };
+// RMSNorm of the GEMM's input (linear_rope with a norm: q_norm before wq_b), with rmsnorm_kernel's
+// arithmetic: up to 2 rows each CTA normalizes x while staging it; past that (or when the normalized
+// rows are wanted: `normed`) one launch normalizes and quantizes them for the GEMM. w == nullptr: none.
+struct NormArgs {
+  const uint8_t* w = nullptr;  // [K]
+  attn::WType type = attn::WType::kBf16;
+  float eps = 0.0f;
+  float* normed = nullptr;  // [rows, K] or nullptr
+};
 // rope: rotates the output in the epilogue; returns false when it did not (K split across CTAs: the
 // caller rotates the output itself). Always true without rope.
 bool quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, bool invariant = false,
-                      bool fast_fp4 = false, const RopeArgs& rope = {});
+                      bool fast_fp4 = false, const RopeArgs& rope = {}, const NormArgs& norm = {});
 
 // The activation quantizer of quantized_linear: codes [rows, K] E4M3, scales [rows, K/32] as floats.
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);

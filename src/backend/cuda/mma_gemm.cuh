@@ -35,6 +35,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/attn_common.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/split_fixup.h"
@@ -163,6 +164,12 @@ struct ActSource {
   const uint8_t* xc;
   const float* xs;
   const float* x;
+  // fp32 rows only: RMSNorm them first (rmsnorm_linear), with rmsnorm_kernel's arithmetic -- the
+  // row's sum of squares in cpu::sum_squares' order, then bf16(w * (x * scale)) -- over all K columns
+  // (the row is read whole for the sum even when this CTA's K range is a split of it)
+  const uint8_t* norm_w = nullptr;  // [K] weight, nullptr: no norm
+  attn::WType norm_type = attn::WType::kBf16;
+  float eps = 0.0f;
 };
 
 // One CTA's fp32 accumulators over K blocks [kb0, kb1) for tokens 0 .. count-1 (count <= 8 NT;
@@ -242,7 +249,14 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   uint32_t cur[U][2][2][W], nxt[U][2][2][W] = {};
   uint32_t cur_s[SW], nxt_s[SW] = {};
   float d[2][NT][4] = {};  // kWg: one K block's partials, [mt] = the m64 MMA of rows 16 mt + 8 h + g
-  load(cur, cur_s, kb0);  // in flight while the first activation chunk is staged
+  load(cur, cur_s, kb0);  // in flight while the first activation chunk is staged (and normalized)
+  __shared__ float sinv[Shape::kRows];  // the rows' RMSNorm scales (src.norm_w)
+  if (src.x && src.norm_w)
+    for (int r = 0; r < count; ++r) {  // the same row for every thread: act_row, not srow (not yet visible)
+      const float inv = rms_scale(block_sum_squares_exact128(src.x + static_cast<int64_t>(act_row(r)) * K, K), K,
+                                  src.eps);
+      if (threadIdx.x == 0) sinv[r] = inv;  // read after the chunk loop's first barrier
+    }
   for (int kc = kb0; kc < kb1; kc += C) {
     const int nkc = min(C, kb1 - kc);
     __syncthreads();  // the previous chunk's readers are done (and srow is written)
@@ -269,9 +283,13 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
           const int b = b0 + j * kWarps;
           if (b >= blocks) break;  // warp-uniform
           const int r = b / nkc, c = b - r * nkc;
-          const int e = dq::round_scale_exponent(dq::group_amax<32>(v[j], dq::kFp8AmaxFloor), dq::kFp8MaxInv);
+          float xv = v[j];
+          if (src.norm_w)  // rmsnorm_kernel's bf16(w * (x * inv))
+            xv = dq::round_bf16(
+                __fmul_rn(attn::weight_elem(src.norm_w, src.norm_type, (kc + c) * 32 + lane), __fmul_rn(xv, sinv[r])));
+          const int e = dq::round_scale_exponent(dq::group_amax<32>(xv, dq::kFp8AmaxFloor), dq::kFp8MaxInv);
           const int at = kWg ? c * BB + b_word_offset(r, lane >> 2) + (lane & 3) : r * S + c * 32 + lane;
-          sx[at] = dq::fp8_code(v[j], dq::scale_from_exponent(e));
+          sx[at] = dq::fp8_code(xv, dq::scale_from_exponent(e));
           if (lane == 0) ss[r * SS + c] = e8m0_to_float(dq::e8m0_byte(e)) * (kFp8 ? 1.0f : kFp4CodeScale);
         }
       }
