@@ -164,7 +164,7 @@ struct ActSource {
   const uint8_t* xc;
   const float* xs;
   const float* x;
-  // fp32 rows only: RMSNorm them first (rmsnorm_linear), with rmsnorm_kernel's arithmetic -- the
+  // fp32 rows only: RMSNorm them first (linear_rope with a norm), with rmsnorm_kernel's arithmetic -- the
   // row's sum of squares in cpu::sum_squares' order, then bf16(w * (x * scale)) -- over all K columns
   // (the row is read whole for the sum even when this CTA's K range is a split of it)
   const uint8_t* norm_w = nullptr;  // [K] weight, nullptr: no norm
