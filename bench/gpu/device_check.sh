@@ -12,7 +12,8 @@
 #           batches DI_BENCH_BATCH (default 1,8,64), per layer and per op at DI_PROFILE_BATCH (default
 #           1,8,64), 17 layers on a GPU of more than 100 GB (H200), else 8 (H100); DI_BENCH_LAYERS overrides.
 #   ab      bench_ab.txt: with DI_AB=NAME (a DEEPINFER_* switch), plain decode steps at the same batches
-#           with NAME=1, 0, 1, 0 in turn (an A/B on one machine: starts differ by a few %)
+#           with NAME=1, 0, 1, 0 in turn (an A/B on one machine: starts differ by a few %); DI_AB_VALUES
+#           sets the values (e.g. "8 0 8 0" for DEEPINFER_FIXUP_ROUNDS)
 # Env: DI_GPU_TESTS_TIMEOUT (seconds, default 240), DI_BENCH_ITERS (default 7); DI_DEVICE=cpu and
 # DI_BENCH_MODEL=v41-tiny run the bench step on a machine without a GPU (a check of this script).
 set -uo pipefail
@@ -46,7 +47,7 @@ if [[ $STEPS == *bench* ]]; then
 fi
 if [[ $STEPS == *ab* && -n ${DI_AB:-} ]]; then
   : >"$DEST/bench_ab.txt"
-  for on in 1 0 1 0; do
+  for on in ${DI_AB_VALUES:-1 0 1 0}; do
     echo "$DI_AB=$on" >>"$DEST/bench_ab.txt"
     env "$DI_AB=$on" "$BIN_DIR/deepinfer" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" --layers "$layers" \
       --device "${DI_DEVICE:-cuda}" --batch "${DI_BENCH_BATCH:-1,8,64}" --context 4096 --iters "${DI_BENCH_ITERS:-7}" \
