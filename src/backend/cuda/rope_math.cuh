@@ -1,5 +1,6 @@
-// RoPE's arithmetic on the GPU, shared by the rope kernels (cuda_dense.cu) and the GEMM epilogue that
-// rotates a projection's output (dense_linear.cu): one copy of the code, so both give the same bits.
+// RoPE's arithmetic on the GPU, shared by the rope kernels (cuda_dense.cu), the GEMM epilogue that
+// rotates the queries' projection (dense_linear.cu) and wo_a's staging of the attention output
+// (dense_bf16_mma.cu): one copy of the code, so all give the same bits.
 #pragma once
 
 #include <cstdint>
