@@ -49,6 +49,19 @@ int64_t weight_storage_bytes(const Weight& w) {
   return data + scale;
 }
 
+namespace {
+
+// A GEMM's floor inputs: the weight once, x, the fp32 output; 2 FLOPs per output per input.
+struct GemmCost {
+  double bytes, flops;
+};
+GemmCost gemm_cost(const Tensor& x, const Weight& w) {
+  const double s = static_cast<double>(x.rows());
+  return {static_cast<double>(weight_storage_bytes(w)) + tensor_bytes(x) + 4.0 * s * w.rows, 2.0 * s * w.rows * w.cols};
+}
+
+}  // namespace
+
 struct ProfilingBackend::Live {
   int64_t bytes = 0, peak = 0;
   std::unordered_set<const void*> owned;  // storages handed out and still alive
@@ -187,21 +200,17 @@ Tensor ProfilingBackend::embed(const Tensor& ids, const Weight& table) {
 }
 
 Tensor ProfilingBackend::linear(const Tensor& x, const Weight& w) {
-  const double s = static_cast<double>(x.rows());
-  const double bytes = weight_storage_bytes(w) + tensor_bytes(x) + 4.0 * s * w.rows;
-  const double flops = 2.0 * s * w.rows * w.cols;
-  return track(timed(shape_label("linear", w), bytes, flops, is_fp8(w), [&] { return inner_.linear(x, w); }));
+  const GemmCost c = gemm_cost(x, w);
+  return track(timed(shape_label("linear", w), c.bytes, c.flops, is_fp8(w), [&] { return inner_.linear(x, w); }));
 }
 
 Tensor ProfilingBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
                                      const std::vector<int64_t>& positions, const RopeTable& table,
                                      const InputNorm& norm) {
-  const double s = static_cast<double>(x.rows());
-  const double bytes = weight_storage_bytes(w) + tensor_bytes(x) + 4.0 * s * w.rows +
-                       (norm.weight ? weight_storage_bytes(*norm.weight) : 0.0) +
+  const GemmCost c = gemm_cost(x, w);
+  const double bytes = c.bytes + (norm.weight ? weight_storage_bytes(*norm.weight) : 0.0) +
                        (norm.normed ? tensor_bytes(x) : 0.0);
-  const double flops = 2.0 * s * w.rows * w.cols;
-  Tensor y = track(timed(shape_label(norm.weight ? "rmsnorm_linear_rope" : "linear_rope", w), bytes, flops, is_fp8(w),
+  Tensor y = track(timed(shape_label(norm.weight ? "rmsnorm_linear_rope" : "linear_rope", w), bytes, c.flops, is_fp8(w),
                          [&] { return inner_.linear_rope(x, w, heads, head_dim, rope_dim, positions, table, norm); }));
   if (norm.normed) *norm.normed = track(*norm.normed);
   return y;
@@ -210,19 +219,15 @@ Tensor ProfilingBackend::linear_rope(const Tensor& x, const Weight& w, int heads
 Tensor ProfilingBackend::inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim,
                                                      int rope_dim, const std::vector<int64_t>& positions,
                                                      const RopeTable& table) {
-  const double s = static_cast<double>(x.rows());
-  const double bytes = weight_storage_bytes(w) + tensor_bytes(x) + 4.0 * s * w.rows;
-  const double flops = 2.0 * s * w.rows * w.cols;
-  return track(timed(shape_label("rope_grouped_linear", w), bytes, flops, false, [&] {
+  const GemmCost c = gemm_cost(x, w);
+  return track(timed(shape_label("rope_grouped_linear", w), c.bytes, c.flops, false, [&] {
     return inner_.inverse_rope_grouped_linear(std::move(x), w, groups, heads, head_dim, rope_dim, positions, table);
   }));
 }
 
 Tensor ProfilingBackend::grouped_linear(const Tensor& x, const Weight& w, int groups) {
-  const double s = static_cast<double>(x.rows());
-  const double bytes = weight_storage_bytes(w) + tensor_bytes(x) + 4.0 * s * w.rows;
-  const double flops = 2.0 * s * w.rows * w.cols;  // each of the G*R outputs reads K inputs
-  return track(timed(shape_label("grouped_linear", w), bytes, flops, false,
+  const GemmCost c = gemm_cost(x, w);  // grouped: each of the G*R outputs reads K inputs
+  return track(timed(shape_label("grouped_linear", w), c.bytes, c.flops, false,
                      [&] { return inner_.grouped_linear(x, w, groups); }));
 }
 

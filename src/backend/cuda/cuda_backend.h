@@ -133,8 +133,8 @@ class CudaBackend final : public Backend {
   bool batch_invariant_ = false;
   bool fast_fp4_gemm_ = false;  // MXFP4 block sums on wgmma (mma_gemm.cuh)
   // rope_qdq, rmsnorm_rope_qdq, concat_paged_rows, linear_rope and inverse_rope_grouped_linear as one launch
-  // each; DEEPINFER_FUSED_CHAINS=0
-  // runs the Backend compositions instead (the same bits: for measuring the fusion).
+  // each; DEEPINFER_FUSED_CHAINS=0 runs the Backend compositions instead (the same bits: for measuring the
+  // fusion).
   bool fused_chains_ = true;
 };
 

@@ -45,6 +45,20 @@ void check_float_dtype(DType d, const char* op) {
     throw Error(std::string("cuda ") + op + ": unsupported weight dtype " + dtype_name(d) + " (expected BF16, F16 or F32)");
 }
 
+// A row norm's weight for rows of n values: n float values (1-D, or [1, n] / [n, 1]) stored as BF16 /
+// F16 / F32.
+void check_norm_weight(const Weight& norm, int64_t n, const char* op) {
+  DI_CHECK(norm.cols == n || norm.rows * norm.cols == n);
+  check_float_dtype(norm.dtype, op);
+}
+
+// The arguments of the one-CTA-per-row norm kernels: x [S, n] f32 (S < 2^31 CTAs), its norm weight.
+void check_norm_rows(const Tensor& x, const Weight& norm, const char* op) {
+  DI_CHECK(x.type == TType::kF32);
+  check_norm_weight(norm, x.row_size(), op);
+  DI_CHECK_MSG(x.rows() < (1LL << 31), std::string(op) + ": too many rows");
+}
+
 // f(std::integral_constant<DType, D>{}) for a checked float weight dtype: the kernel instantiation that
 // reads that storage.
 template <class F>
@@ -320,8 +334,7 @@ Tensor CudaBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int
                                 const std::vector<int64_t>& positions, const RopeTable& table, const InputNorm& norm) {
   const bool quantized = w.mode == WeightMode::kFp8Block || w.mode == WeightMode::kFp4Expert;
   if (!fused_chains_ || !quantized || heads <= 0 || head_dim % 2 != 0 || rope_dim % 2 != 0 ||
-      static_cast<int64_t>(heads) * head_dim != w.rows ||
-      (norm.weight && norm.weight->cols != w.cols && norm.weight->rows * norm.weight->cols != w.cols))
+      static_cast<int64_t>(heads) * head_dim != w.rows)
     return Backend::linear_rope(x, w, heads, head_dim, rope_dim, positions, table, norm);
   DI_CHECK(x.type == TType::kF32 && x.row_size() == w.cols);
   const int64_t s = x.rows();
@@ -329,7 +342,7 @@ Tensor CudaBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int
   check_rope_args(y, heads, head_dim, rope_dim, positions, table);
   cuda::dense::NormArgs na;
   if (norm.weight) {
-    check_float_dtype(norm.weight->dtype, "linear_rope");
+    check_norm_weight(*norm.weight, w.cols, "linear_rope");
     na = {cuda::wdata(*norm.weight), cuda::attn::weight_type(*norm.weight, "linear_rope", "norm"), norm.eps, nullptr};
     if (norm.normed) {
       *norm.normed = alloc(TType::kF32, {s, w.cols});
@@ -372,11 +385,9 @@ Tensor CudaBackend::grouped_linear(const Tensor& x, const Weight& w, int groups)
 
 Tensor CudaBackend::rmsnorm(const Tensor& x, const Weight& weight, float eps) {
   const int64_t s = x.rows(), n = x.row_size();
-  DI_CHECK(x.type == TType::kF32 && (weight.cols == n || weight.rows * weight.cols == n));
-  check_float_dtype(weight.dtype, "rmsnorm");
+  check_norm_rows(x, weight, "rmsnorm");
   Tensor y = alloc(TType::kF32, {s, n});
   if (s * n == 0) return y;
-  DI_CHECK_MSG(s < (1LL << 31), "rmsnorm: too many rows");
   const unsigned grid = static_cast<unsigned>(s);  // one CTA per row
   const uint8_t* w = cuda::wdata(weight);
   with_float_dtype(weight.dtype, [&](auto kd) {
@@ -451,11 +462,9 @@ Tensor CudaBackend::rmsnorm_rope_qdq(const Tensor& x, const Weight& norm, float 
     return Backend::rmsnorm_rope_qdq(x, norm, eps, heads, head_dim, rope_dim, positions, table, format);
   check_rope_args(x, heads, head_dim, rope_dim, positions, table);
   const int64_t s = x.rows(), n = x.row_size();
-  DI_CHECK(norm.cols == n || norm.rows * norm.cols == n);
-  check_float_dtype(norm.dtype, "rmsnorm_rope_qdq");
+  check_norm_rows(x, norm, "rmsnorm_rope_qdq");
   Tensor y = alloc(TType::kF32, {s, n});
   if (s * n == 0) return y;
-  DI_CHECK_MSG(s < (1LL << 31), "rmsnorm_rope_qdq: too many rows");
   const unsigned grid = static_cast<unsigned>(s);  // one CTA per row
   const uint8_t* w = cuda::wdata(norm);
   const int64_t* pos = rope_uploads_->get(positions);
