@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/tensor.h"
 #include "model/synthetic_fill.h"
@@ -18,6 +19,24 @@ void synchronize();  // waits for all device work
 // Starts / stops the device profiler's capture range (cudaProfilerStart / Stop), for profiling one
 // region with `ncu --profile-from-start off`; a no-op without a device.
 void profiler_range(bool start);
+
+// Timed events on the CUDA backend's current stream, for times inside a pass that must not be
+// synchronised (the bench's per-layer share of a plain decode step): record() marks the stream where
+// the host is; seconds_between() waits for the last mark, gives the device time between each pair
+// of consecutive marks and forgets the marks. An event boundary orders the next kernel as a plain launch (no PDL overlap),
+// about a microsecond. Without the CUDA backend record() throws.
+class StreamMarks {
+ public:
+  StreamMarks() = default;
+  ~StreamMarks();
+  StreamMarks(const StreamMarks&) = delete;
+  StreamMarks& operator=(const StreamMarks&) = delete;
+  void record();
+  std::vector<double> seconds_between();  // marks - 1 values (none for fewer than 2 marks)
+
+ private:
+  std::vector<void*> events_;  // cudaEvent_t
+};
 
 struct MemInfo {
   int64_t free = 0, total = 0;  // bytes, cudaMemGetInfo

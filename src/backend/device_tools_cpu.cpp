@@ -11,6 +11,9 @@ bool available() { return false; }
 std::string name() { return ""; }
 void synchronize() {}
 void profiler_range(bool) {}
+StreamMarks::~StreamMarks() = default;
+void StreamMarks::record() { throw Error("device stream marks: this build has no CUDA backend"); }
+std::vector<double> StreamMarks::seconds_between() { return {}; }
 MemInfo mem_info() { throw Error("device memory: this build has no CUDA backend"); }
 int64_t prepare_synthetic(Weight&, const synthetic::FillSpec&, const synthetic::FillSpec*) {
   throw Error("synthetic device weights: this build has no CUDA backend");

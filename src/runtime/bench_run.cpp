@@ -40,11 +40,14 @@ std::string section_name(int s, int n_layers) {
   return std::to_string(s);
 }
 
-// Attributes ops to sections through the forward's hooks and, when `timed`, times each section with
-// a device synchronisation at its boundaries.
+// Attributes ops to sections through the forward's hooks and times each section: kSynced with a device
+// synchronisation at its boundaries (each section starts on an idle device), kMarks with device events
+// at its boundaries in an otherwise plain step (its share of that step: work it overlaps with, e.g. the
+// next section's launches under PDL, is not counted twice).
 class SectionClock {
  public:
-  SectionClock(ProfilingBackend& pb, int n_layers, bool timed) : pb_(pb), n_layers_(n_layers), timed_(timed) {
+  enum class Timing { kNone, kSynced, kMarks };
+  SectionClock(ProfilingBackend& pb, int n_layers, Timing timing) : pb_(pb), n_layers_(n_layers), timing_(timing) {
     hooks_.before_layer = [this](int l, Tensor&, Tensor&) { lap(l); };
     hooks_.after_block = [this](int l, const Tensor&, const Tensor&) {
       if (l == n_layers_ - 1) lap(n_layers_);  // the head follows the last block
@@ -53,28 +56,43 @@ class SectionClock {
   const ForwardHooks* hooks() const { return &hooks_; }
   void begin() {
     pb_.set_section(kEmbedSection);
-    if (timed_) pb_.synchronize();
+    if (timing_ == Timing::kSynced) pb_.synchronize();
+    if (timing_ == Timing::kMarks) {
+      marks_.record();
+      order_.push_back(kEmbedSection);
+    }
     mark_ = Clock::now();
   }
-  void end() { lap(ProfilingBackend::kNoSection); }
+  void end() {
+    lap(ProfilingBackend::kNoSection);
+    if (timing_ != Timing::kMarks) return;
+    const std::vector<double> between = marks_.seconds_between();  // one per section in order_
+    for (size_t i = 0; i < between.size(); ++i) seconds_[order_[i]] += between[i];
+    order_.clear();
+  }
   const std::map<int, double>& seconds() const { return seconds_; }
 
  private:
   void lap(int next) {
-    if (timed_) {
+    if (timing_ == Timing::kSynced) {
       pb_.synchronize();
       const auto now = Clock::now();
       seconds_[pb_.section()] += std::chrono::duration<double>(now - mark_).count();
       mark_ = now;
+    } else if (timing_ == Timing::kMarks) {
+      marks_.record();
+      if (next != ProfilingBackend::kNoSection) order_.push_back(next);
     }
     pb_.set_section(next);
   }
   ProfilingBackend& pb_;
   int n_layers_;
-  bool timed_;
+  Timing timing_;
   ForwardHooks hooks_;
   Clock::time_point mark_;
   std::map<int, double> seconds_;
+  device::StreamMarks marks_;
+  std::vector<int> order_;  // kMarks: the section each mark opens
 };
 
 double op_floor_s(const OpStats& s, const BenchCeilings& c) {
@@ -198,9 +216,11 @@ void emit_memory(Ctx& c, const char* phase, int64_t context, int batch, const st
   c.sink(r);
 }
 
-// Per-layer records from a section-timed pass and the counted costs; returns the seconds per kind.
+// Per-layer records from a section-timed pass and the counted costs, with each section's share of a plain
+// step where `in_step` has it; returns the seconds per kind.
 std::map<std::string, std::vector<double>> emit_layers(Ctx& c, const char* phase, int64_t context, int batch,
-                                                       const SectionClock& clock, const std::map<int, Cost>& costs) {
+                                                       const SectionClock& clock, const std::map<int, Cost>& costs,
+                                                       const std::map<int, double>& in_step = {}) {
   std::map<std::string, std::vector<double>> by_kind;
   for (const auto& [section, secs] : clock.seconds()) {
     if (section == ProfilingBackend::kNoSection) continue;
@@ -211,6 +231,10 @@ std::map<std::string, std::vector<double>> emit_layers(Ctx& c, const char* phase
     r["layer_kind"] = c.kind_of(section);
     r["time_us"] = round_to(secs * 1e6, 1e-3);
     add_rates(r, secs, cost.bytes, cost.flops, cost.floor_s);
+    if (const auto st = in_step.find(section); st != in_step.end()) {
+      r["in_step_us"] = round_to(st->second * 1e6, 1e-3);
+      r["in_step_efficiency"] = st->second > 0 ? round_to(cost.floor_s / st->second, 1e-5) : 0.0;
+    }
     c.sink(r);
     by_kind[c.kind_of(section)].push_back(secs);
   }
@@ -264,6 +288,24 @@ std::optional<double> projected_40_layers(const std::map<std::string, std::vecto
   return total;
 }
 
+// Each section's share of a plain decode step (device events at the layer boundaries, no
+// synchronisation), the median of three steps; empty off the CUDA backend.
+std::map<int, double> in_step_seconds(Ctx& c, std::vector<SequenceState>& states) {
+  std::map<int, double> out;
+  if (c.pb.name() != "cuda") return out;
+  std::map<int, std::vector<double>> runs;
+  for (int i = 0; i < 3; ++i) {
+    SectionClock marks(c.pb, c.n_layers(), SectionClock::Timing::kMarks);
+    decode_step(c, states, &marks);
+    for (const auto& [section, secs] : marks.seconds()) runs[section].push_back(secs);
+  }
+  for (auto& [section, v] : runs) {
+    std::sort(v.begin(), v.end());
+    out[section] = v[v.size() / 2];
+  }
+  return out;
+}
+
 // One decode measurement at (context, batch).
 void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
   const BenchOptions& o = c.o;
@@ -282,7 +324,7 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
   // 1. counted step (warm-up)
   c.pb.clear_ops();
   c.pb.set_mode(ProfilingBackend::Mode::kCount);
-  SectionClock counter(c.pb, c.n_layers(), false);
+  SectionClock counter(c.pb, c.n_layers(), SectionClock::Timing::kNone);
   decode_step(c, states, &counter);
   c.pb.set_mode(ProfilingBackend::Mode::kOff);
   Cost total;
@@ -314,12 +356,12 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
 
   // 3. per layer, per op
   if (std::find(o.profile_batches.begin(), o.profile_batches.end(), batch) != o.profile_batches.end()) {
-    SectionClock clock(c.pb, c.n_layers(), true);
+    SectionClock clock(c.pb, c.n_layers(), SectionClock::Timing::kSynced);
     const double t_layers = decode_step(c, states, &clock).step_s;
-    const auto by_kind = emit_layers(c, "decode", context, batch, clock, costs);
+    const auto by_kind = emit_layers(c, "decode", context, batch, clock, costs, in_step_seconds(c, states));
     c.pb.clear_ops();
     c.pb.set_mode(ProfilingBackend::Mode::kTime);
-    SectionClock attr(c.pb, c.n_layers(), false);
+    SectionClock attr(c.pb, c.n_layers(), SectionClock::Timing::kNone);
     const double t_ops = decode_step(c, states, &attr).step_s;
     c.pb.set_mode(ProfilingBackend::Mode::kOff);
     emit_ops(c, "decode", context, batch);
@@ -347,7 +389,7 @@ void bench_prefill(Ctx& c) {
   c.pb.reset_peak();
   c.pb.clear_ops();
   c.pb.set_mode(ProfilingBackend::Mode::kCount);
-  SectionClock counter(c.pb, c.n_layers(), false);
+  SectionClock counter(c.pb, c.n_layers(), SectionClock::Timing::kNone);
   prefill(c, tokens, &counter, state);
   c.pb.set_mode(ProfilingBackend::Mode::kOff);
   Cost total;
@@ -358,7 +400,7 @@ void bench_prefill(Ctx& c) {
   std::vector<std::map<int, double>> per_layer;
   std::optional<SectionClock> last;
   for (int i = 0; i < std::max(1, o.prefill_iters); ++i) {
-    last.emplace(c.pb, c.n_layers(), o.profile_prefill);
+    last.emplace(c.pb, c.n_layers(), o.profile_prefill ? SectionClock::Timing::kSynced : SectionClock::Timing::kNone);
     times.push_back(prefill(c, tokens, o.profile_prefill ? &*last : nullptr, state));
   }
   std::sort(times.begin(), times.end());
@@ -378,7 +420,7 @@ void bench_prefill(Ctx& c) {
     emit_layers(c, "prefill", n, 1, *last, costs);
     c.pb.clear_ops();
     c.pb.set_mode(ProfilingBackend::Mode::kTime);
-    SectionClock attr(c.pb, c.n_layers(), false);
+    SectionClock attr(c.pb, c.n_layers(), SectionClock::Timing::kNone);
     const double t_ops = prefill(c, tokens, &attr, state);
     c.pb.set_mode(ProfilingBackend::Mode::kOff);
     emit_ops(c, "prefill", n, 1);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/side_stream.cuh"
 #include "backend/device_tools.h"
 
 namespace di::device {
@@ -32,6 +33,31 @@ std::string name() {
 void synchronize() { DI_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 void profiler_range(bool start) { DI_CUDA_CHECK(start ? cudaProfilerStart() : cudaProfilerStop()); }
+
+StreamMarks::~StreamMarks() {
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+void StreamMarks::record() {
+  cudaEvent_t e = nullptr;
+  DI_CUDA_CHECK(cudaEventCreate(&e));
+  events_.push_back(e);
+  DI_CUDA_CHECK(cudaEventRecord(e, cuda::current_stream()));
+}
+
+std::vector<double> StreamMarks::seconds_between() {
+  std::vector<double> out;
+  if (events_.empty()) return out;
+  DI_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(events_.back())));
+  for (size_t i = 1; i < events_.size(); ++i) {
+    float ms = 0;
+    DI_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[i - 1]), static_cast<cudaEvent_t>(events_[i])));
+    out.push_back(ms * 1e-3);
+  }
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  events_.clear();
+  return out;
+}
 
 MemInfo mem_info() {
   size_t free = 0, total = 0;
