@@ -272,11 +272,12 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
       constexpr int kBatch = 8;
       const int blocks = count * nkc;
       for (int b0 = warp; b0 < blocks; b0 += kWarps * kBatch) {
-        float v[kBatch];
+        float v[kBatch], nw[kBatch];  // the norm weights load with x (one round trip per batch, not per block)
 #pragma unroll
         for (int j = 0; j < kBatch; ++j) {
-          const int b = b0 + j * kWarps, r = b / nkc;
-          v[j] = b < blocks ? src.x[static_cast<int64_t>(srow[r]) * K + (kc + b - r * nkc) * 32 + lane] : 0.0f;
+          const int b = b0 + j * kWarps, r = b / nkc, c = b - r * nkc;
+          v[j] = b < blocks ? src.x[static_cast<int64_t>(srow[r]) * K + (kc + c) * 32 + lane] : 0.0f;
+          nw[j] = b < blocks && src.norm_w ? attn::weight_elem(src.norm_w, src.norm_type, (kc + c) * 32 + lane) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < kBatch; ++j) {
@@ -284,9 +285,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
           if (b >= blocks) break;  // warp-uniform
           const int r = b / nkc, c = b - r * nkc;
           float xv = v[j];
-          if (src.norm_w)  // rmsnorm_kernel's bf16(w * (x * inv))
-            xv = dq::round_bf16(
-                __fmul_rn(attn::weight_elem(src.norm_w, src.norm_type, (kc + c) * 32 + lane), __fmul_rn(xv, sinv[r])));
+          if (src.norm_w) xv = dq::round_bf16(__fmul_rn(nw[j], __fmul_rn(xv, sinv[r])));  // rmsnorm_kernel's bf16(w * (x * inv))
           const int e = dq::round_scale_exponent(dq::group_amax<32>(xv, dq::kFp8AmaxFloor), dq::kFp8MaxInv);
           const int at = kWg ? c * BB + b_word_offset(r, lane >> 2) + (lane & 3) : r * S + c * 32 + lane;
           sx[at] = dq::fp8_code(xv, dq::scale_from_exponent(e));
