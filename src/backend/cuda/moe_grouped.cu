@@ -37,6 +37,8 @@ constexpr int kListThreads = 1024;
 // serial scores and the one CTA's quantizing cost more than the two launches saved.
 constexpr int kFusedScores = kListThreads;
 constexpr int kElemThreads = 256;
+// 32-expert chunks of the most experts route_lists takes (48 KB of counts and offsets)
+constexpr int kMaxScanChunks = 48 * 1024 / 8 / 32;
 
 // The lists of n = S*k entries by one CTA (every thread calls; ids outside [0, E) are skipped);
 // sm: 2 E ints of shared memory (counts, offsets). Work: n atomics, an E-long scan, then n / 32 warp
@@ -53,22 +55,39 @@ __device__ __forceinline__ void build_route_lists(const int32_t* __restrict__ ex
     else l.pos_of[i] = -1;
   }
   __syncthreads();
-  if (threadIdx.x < 32) {  // exclusive scans of the counts and of the "active" flags
-    const int lane = threadIdx.x;
+  // exclusive scans of the counts and of the "active" flags: each warp scans 32-expert chunks, warp 0
+  // the chunks' totals, then each chunk's experts add the totals before them (one warp scanning all
+  // 384 experts in turn was ~1 us of dependent steps)
+  __shared__ int32_t chunk_cnt[kMaxScanChunks], chunk_act[kMaxScanChunks];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  const int chunks = (n_exp + 31) / 32;
+  auto chunk_scan = [&](int c, int& v, int& f, int& iv, int& jf) {  // inclusive scans within chunk c
+    const int e = 32 * c + lane;
+    v = e < n_exp ? cnt[e] : 0;
+    f = v > 0 ? 1 : 0;
+    iv = v, jf = f;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a = __shfl_up_sync(0xffffffffu, iv, o), b = __shfl_up_sync(0xffffffffu, jf, o);
+      if (lane >= o) iv += a, jf += b;
+    }
+  };
+  for (int c = warp; c < chunks; c += n_warps) {
+    int v, f, iv, jf;
+    chunk_scan(c, v, f, iv, jf);
+    if (lane == 31) chunk_cnt[c] = iv, chunk_act[c] = jf;
+  }
+  __syncthreads();
+  if (warp == 0) {  // chunk totals -> exclusive prefixes, in place, 32 chunks at a time
     int run = 0, run_active = 0;
-    for (int c0 = 0; c0 < n_exp; c0 += 32) {
-      const int e = c0 + lane;
-      const int v = e < n_exp ? cnt[e] : 0, f = v > 0 ? 1 : 0;
+    for (int c0 = 0; c0 < chunks; c0 += 32) {
+      const int c = c0 + lane;
+      const int v = c < chunks ? chunk_cnt[c] : 0, f = c < chunks ? chunk_act[c] : 0;
       int iv = v, jf = f;
       for (int o = 1; o < 32; o <<= 1) {
         const int a = __shfl_up_sync(0xffffffffu, iv, o), b = __shfl_up_sync(0xffffffffu, jf, o);
         if (lane >= o) iv += a, jf += b;
       }
-      if (e < n_exp) {
-        off[e] = run + iv - v;
-        l.offsets[e] = run + iv - v;
-        if (f) l.active[run_active + jf - f] = e;
-      }
+      if (c < chunks) chunk_cnt[c] = run + iv - v, chunk_act[c] = run_active + jf - f;
       run += __shfl_sync(0xffffffffu, iv, 31);
       run_active += __shfl_sync(0xffffffffu, jf, 31);
     }
@@ -78,12 +97,22 @@ __device__ __forceinline__ void build_route_lists(const int32_t* __restrict__ ex
     }
   }
   __syncthreads();
+  for (int c = warp; c < chunks; c += n_warps) {
+    int v, f, iv, jf;
+    chunk_scan(c, v, f, iv, jf);
+    const int e = 32 * c + lane;
+    if (e < n_exp) {
+      off[e] = chunk_cnt[c] + iv - v;
+      l.offsets[e] = chunk_cnt[c] + iv - v;
+      if (f) l.active[chunk_act[c] + jf - f] = e;
+    }
+  }
+  __syncthreads();
   // The entries in index order, 32 at a time, by warp 0: an entry's position is its expert's next free
   // one (off[e]) plus its rank among the chunk's lanes of the same expert; then the group's last lane
   // advances off[e]. The same (expert, index) order as one thread per expert scanning every entry
   // (n steps each: 21 us per call at batch 64), in n / 32 steps.
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
+  if (warp == 0) {
     for (int i0 = 0; i0 < n; i0 += 32) {
       const int i = i0 + lane;
       const int32_t e = i < n ? experts[i] : -1;
@@ -150,17 +179,21 @@ __global__ void __launch_bounds__(kListThreads)
     sc[i] = route_score(lg, gate_temp);
     biased[i] = sc[i] + bs;
   }
+  // the activation's blocks by the warps that hold no score when there are such (S x E < 1024 - 32),
+  // so that both phases run at once
+  const int score_warps = (s * n_exp + 31) / 32;
+  const int q_warps = score_warps < kWarps ? kWarps - score_warps : kWarps, qwarp = warp - (kWarps - q_warps);
   const int blocks = s * d / 32;
-  for (int b0 = warp; b0 < blocks; b0 += kWarps * kBatch) {
+  for (int b0 = qwarp; qwarp >= 0 && b0 < blocks; b0 += q_warps * kBatch) {
     float v[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const int b = b0 + j * kWarps;
+      const int b = b0 + j * q_warps;
       v[j] = b < blocks ? x[static_cast<int64_t>(b) * 32 + lane] : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const int b = b0 + j * kWarps;
+      const int b = b0 + j * q_warps;
       if (b >= blocks) break;  // warp-uniform
       float scale;
       xc[static_cast<int64_t>(b) * 32 + lane] = dq::act_quant_lane(v[j], scale);
