@@ -129,6 +129,7 @@ std::vector<ForwardResult> Model::forward_batch(std::vector<BatchEntry>& entries
   Tensor carried_x;  // the block's attention input, computed by the block before it (empty: not)
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const LayerSchedule& ls = cfg_.layers[l];
+    if (hooks && hooks->at_layer) hooks->at_layer(l);
     if (hooks && hooks->before_layer) hooks->before_layer(l, h, pre);
     if (ls.engram_slot >= 0) {
       h = engram(l, h, engram_cols(ls.engram_slot));

@@ -64,8 +64,12 @@ struct DraftResult {
 
 // Observation / injection points of one forward, for layer-by-layer tests against the reference.
 struct ForwardHooks {
-  // Before layer `layer` (before its Engram): may replace the residual streams and the pre mix.
+  // Before layer `layer` (before its Engram): may replace the residual streams and the pre mix. Set, it
+  // turns off the fusion that computes a block's input inside the block before it.
   std::function<void(int layer, Tensor& h, Tensor& pre_mix)> before_layer;
+  // Before layer `layer`, only to observe where the forward is (a bench's section marks): changes
+  // nothing, so the forward keeps its cross-layer fusions.
+  std::function<void(int layer)> at_layer;
   // After an Engram injection: the block's input (may be replaced).
   std::function<void(int layer, Tensor& h)> after_engram;
   // The attention and MoE sublayer outputs of a block ([n, D]).

@@ -43,12 +43,13 @@ std::string section_name(int s, int n_layers) {
 // Attributes ops to sections through the forward's hooks and times each section: kSynced with a device
 // synchronisation at its boundaries (each section starts on an idle device), kMarks with device events
 // at its boundaries in an otherwise plain step (its share of that step: work it overlaps with, e.g. the
-// next section's launches under PDL, is not counted twice).
+// next section's launches under PDL, is not counted twice). A block computes the next block's input
+// (Model::block's next_x), so that work counts in the block before.
 class SectionClock {
  public:
   enum class Timing { kNone, kSynced, kMarks };
   SectionClock(ProfilingBackend& pb, int n_layers, Timing timing) : pb_(pb), n_layers_(n_layers), timing_(timing) {
-    hooks_.before_layer = [this](int l, Tensor&, Tensor&) { lap(l); };
+    hooks_.at_layer = [this](int l) { lap(l); };  // an observer: the step keeps its cross-layer fusions
     hooks_.after_block = [this](int l, const Tensor&, const Tensor&) {
       if (l == n_layers_ - 1) lap(n_layers_);  // the head follows the last block
     };
