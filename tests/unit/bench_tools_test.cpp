@@ -1,6 +1,7 @@
 // The pieces of `deepinfer bench` on the CPU backend: the ProfilingBackend decorator (forwards
 // exactly, counts bytes / FLOPs, accounts memory), synthetic checkpoints (released dims and
-// schedule, valid codes, deterministic fills, loadable through Model::load) and the cache filler.
+// schedule, valid codes, deterministic fills, loadable through Model::load), the cache filler and the
+// forward's observer hook (at_layer) that the bench marks layers with.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -222,5 +223,60 @@ TEST(CacheFiller, DecodesFromAFilledContext) {
     ASSERT_TRUE(std::isfinite(x));
 }
 
+// The bench marks layers with ForwardHooks::at_layer, an observer: a step with it gives the same
+// logits as a step without hooks, it sees every layer once, in order, and the forward keeps computing
+// a block's input inside the block before it (hc_post_pre_norm: its hc_pre is counted in the earlier
+// layer's section). before_layer, which may replace the streams, turns that off (the same logits).
+TEST(ForwardHooks, AtLayerObservesWithoutChangingTheStep) {
+  std::mt19937_64 rng(testing_util::fresh_seed("ForwardHooks.AtLayerObservesWithoutChangingTheStep"));
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  ProfilingBackend pb(*cpu);
+  SyntheticModel sm = make_synthetic_model("v41-tiny", 4, rng(), SyntheticWeights::Placement::kHost);
+  std::unique_ptr<Model> m = Model::load(std::move(sm.config), std::move(sm.checkpoint), pb, {}, &sm.engram_map);
+  const int n_layers = m->config().n_layers;
+  std::vector<int32_t> prompt(5 + rng() % 20);
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(m->config().vocab_size));
+  const int32_t next = static_cast<int32_t>(rng() % static_cast<uint64_t>(m->config().vocab_size));
+  // one decode step after the prompt; hc_pre calls per section (the layer the hooks last set)
+  auto step = [&](const ForwardHooks* hooks, std::map<int, int64_t>* hc_pre_calls) {
+    SequenceState s = m->new_sequence();
+    m->forward(s, prompt);
+    pb.clear_ops();
+    pb.set_mode(ProfilingBackend::Mode::kCount);
+    pb.set_section(-1);
+    ForwardResult r = m->forward(s, {next}, false, hooks);
+    pb.set_mode(ProfilingBackend::Mode::kOff);
+    if (hc_pre_calls)
+      for (const auto& [key, st] : pb.ops())
+        if (key.second == "hc_pre") (*hc_pre_calls)[key.first] += st.calls;
+    return r.logits;
+  };
+  const std::vector<float> plain = step(nullptr, nullptr);
+  std::vector<int> seen;
+  ForwardHooks observer;
+  observer.at_layer = [&](int l) {
+    seen.push_back(l);
+    pb.set_section(l);
+  };
+  std::map<int, int64_t> observed, replaced;
+  EXPECT_EQ(step(&observer, &observed), plain);
+  ASSERT_EQ(static_cast<int>(seen.size()), n_layers);
+  for (int l = 0; l < n_layers; ++l) EXPECT_EQ(seen[static_cast<size_t>(l)], l);
+  ForwardHooks replacer;
+  replacer.before_layer = [&](int l, Tensor&, Tensor&) { pb.set_section(l); };
+  EXPECT_EQ(step(&replacer, &replaced), plain);
+  // a layer whose successor has no Engram computes that successor's input: one hc_pre moves from the
+  // successor's section into its own
+  auto carries_out = [&](int l) {
+    return l + 1 < n_layers && m->config().layers[static_cast<size_t>(l + 1)].engram_slot < 0;
+  };
+  int carried = 0;
+  for (int l = 0; l < n_layers; ++l) {
+    const int64_t moved = (carries_out(l) ? 1 : 0) - (l > 0 && carries_out(l - 1) ? 1 : 0);
+    EXPECT_EQ(observed[l], replaced[l] + moved) << "layer " << l;
+    carried += carries_out(l) ? 1 : 0;
+  }
+  EXPECT_GT(carried, 0);
+}
 }  // namespace
 }  // namespace di
