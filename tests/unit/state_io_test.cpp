@@ -153,9 +153,11 @@ TEST_F(StateIo, BoundedReplayIsCloseToCold) {
   }
 }
 
-// decoder_window_only on a long prefill chunk: the last row's logits vs the exact forward. Bound:
-// within 0.25 of the logits' scale; measured on the tiny model around 0.01-0.1. The following
-// decode steps stay within the same bound.
+// decoder_window_only on a long prefill chunk: the last row's logits vs the exact forward, and vs the
+// forward of the last window alone (the context before it lost). Measured on the tiny model over
+// ~1,250 seeds (max |diff| / max |logit|): median 0.03-0.08, worst 0.265 (a 0.25 bound failed 2 times in
+// ~950 runs); the window alone 0.34-1.1, and the approximation's error at most 0.25 of it. Bounds: 0.4,
+// and half the window-alone error. The following decode steps stay within 0.4.
 TEST_F(StateIo, DecoderWindowOnlyIsCloseToExact) {
   std::mt19937_64 rng(fresh_seed("StateIo.window_only"));
   const int vocab = model_->config().vocab_size, w = model_->config().window;
@@ -170,10 +172,13 @@ TEST_F(StateIo, DecoderWindowOnlyIsCloseToExact) {
     for (int32_t t : next)
       worst_decode = std::max(worst_decode, max_rel_error(model_->forward(approx, {t}).logits,
                                                           model_->forward(exact, {t}).logits));
-    std::printf("[decoder window only] chunk %3lld: last row %.3g, next 4 decode steps %.3g (max |diff| / max |logit|)\n",
-                static_cast<long long>(n), err, worst_decode);
-    EXPECT_LT(err, 0.25);
-    EXPECT_LT(worst_decode, 0.25);
+    SequenceState cut = model_->new_sequence();
+    const double lost = max_rel_error(model_->forward(cut, slice(ids, n - w, n)).logits, want.logits);
+    std::printf("[decoder window only] chunk %3lld: last row %.3g, next 4 decode steps %.3g, the window alone %.3g "
+                "(max |diff| / max |logit|)\n", static_cast<long long>(n), err, worst_decode, lost);
+    EXPECT_LT(err, 0.4);
+    EXPECT_LT(err, 0.5 * lost);
+    EXPECT_LT(worst_decode, 0.4);
   }
 }
 
