@@ -382,8 +382,10 @@ float first_position_gap(const RequestResult& a, const RequestResult& b) {
 // random prompts, the largest |logprob difference| among the first generated position's top 20:
 //   encoder side (hit of 24..93 tokens): mean 0.45, p90 0.66, max 0.89
 //   decoder side (prompts of 27..105 tokens): mean 0.10, p90 0.14, max 0.21
-// (the tiny random model's logprobs sit around -4..-7). The bounds leave some headroom.
-constexpr float kReplayBound = 1.25f;
+// (the tiny random model's logprobs sit around -4..-7). The bounds leave some headroom. The encoder
+// side's test takes the worst of 6 prompts: over 240 runs median 0.68, p99 1.23, max 1.65 (1.25 failed
+// about one run in 150, e.g. seed 1796540029074323306 at 1.41), so its bound is 2.
+constexpr float kReplayBound = 2.0f;
 constexpr float kDecoderReplayBound = 0.4f;
 
 TEST(Engine, ReplayPrefixHitStaysWithinTheMeasuredBound) {
