@@ -19,6 +19,12 @@
 namespace di {
 namespace {
 
+// A synthetic v41-tiny model of `layers` layers with host weights, loaded on `backend`.
+std::unique_ptr<Model> load_tiny_model(int layers, uint64_t seed, Backend& backend) {
+  SyntheticModel sm = make_synthetic_model("v41-tiny", layers, seed, SyntheticWeights::Placement::kHost);
+  return Model::load(std::move(sm.config), std::move(sm.checkpoint), backend, {}, &sm.engram_map);
+}
+
 std::vector<float> random_floats(std::mt19937_64& rng, size_t n) {
   std::normal_distribution<float> d(0.0f, 1.0f);
   std::vector<float> v(n);
@@ -192,8 +198,7 @@ TEST(CacheFiller, DecodesFromAFilledContext) {
   std::mt19937_64 rng(testing_util::fresh_seed("CacheFiller.DecodesFromAFilledContext"));
   std::unique_ptr<Backend> cpu = make_cpu_backend();
   ProfilingBackend pb(*cpu);
-  SyntheticModel sm = make_synthetic_model("v41-tiny", 8, rng(), SyntheticWeights::Placement::kHost);
-  std::unique_ptr<Model> m = Model::load(std::move(sm.config), std::move(sm.checkpoint), pb, {}, &sm.engram_map);
+  std::unique_ptr<Model> m = load_tiny_model(8, rng(), pb);
   const int64_t context = 40 + static_cast<int64_t>(rng() % 60), headroom = 3;
   CacheFiller filler(*m, context, headroom, rng());
   SequenceState s = m->new_sequence();
@@ -231,8 +236,7 @@ TEST(ForwardHooks, AtLayerObservesWithoutChangingTheStep) {
   std::mt19937_64 rng(testing_util::fresh_seed("ForwardHooks.AtLayerObservesWithoutChangingTheStep"));
   std::unique_ptr<Backend> cpu = make_cpu_backend();
   ProfilingBackend pb(*cpu);
-  SyntheticModel sm = make_synthetic_model("v41-tiny", 4, rng(), SyntheticWeights::Placement::kHost);
-  std::unique_ptr<Model> m = Model::load(std::move(sm.config), std::move(sm.checkpoint), pb, {}, &sm.engram_map);
+  std::unique_ptr<Model> m = load_tiny_model(4, rng(), pb);
   const int n_layers = m->config().n_layers;
   std::vector<int32_t> prompt(5 + rng() % 20);
   for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(m->config().vocab_size));
