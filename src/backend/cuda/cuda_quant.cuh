@@ -12,6 +12,8 @@
 //    and serial (one thread, mirrors the CPU loops; for small or odd uses).
 #pragma once
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,6 +35,17 @@ inline constexpr int kFp4Ue8m0Block = 32;
 inline constexpr unsigned kFullMask = 0xffffffffu;
 
 // ---- scalar formats ---------------------------------------------------------------------------------
+
+// 4 E4M3 codes (bytes of u, low first) -> 4 floats, exact (E4M3 is a subset of f16).
+__device__ __forceinline__ void e4m3x4(uint32_t u, float* out) {
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u & 0xFFFFu), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u >> 16), __NV_E4M3);
+  const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+  out[0] = a.x;
+  out[1] = a.y;
+  out[2] = b.x;
+  out[3] = b.y;
+}
 
 // quant::float_to_bf16: RNE; NaN keeps sign and gets the quiet bit; overflow rounds to inf.
 __device__ __forceinline__ uint16_t float_to_bf16_bits(float x) {

@@ -59,17 +59,6 @@ constexpr int kFloatRows = 8;  // activation rows per CTA of the float GEMM (reg
 
 __device__ __forceinline__ uint4 ldg16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
-// 4 E4M3 codes (bytes of u, low first) -> 4 floats, exact (E4M3 is a subset of f16).
-__device__ __forceinline__ void e4m3x4(uint32_t u, float* out) {
-  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u & 0xFFFFu), __NV_E4M3);
-  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u >> 16), __NV_E4M3);
-  const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
-  out[0] = a.x;
-  out[1] = a.y;
-  out[2] = b.x;
-  out[3] = b.y;
-}
-
 // [S*K/32 blocks] one warp per 32-value block: x f32 -> codes e4m3 + scale f32 (e8m0 value).
 // Reads 4 B and writes 1.125 B per element.
 __global__ void act_quant_kernel(const float* __restrict__ x, int64_t nblocks, uint8_t* __restrict__ codes,
@@ -192,20 +181,26 @@ int resident_ctas() {
 
 // Returns whether `rope` (if set) was applied in the epilogue: not when K is split across CTAs (their
 // partials are summed after the tiles), where the caller rotates the output itself.
+// x [M, K] quantized once into the workspace (RMSNorm first when norm.w is set, writing norm.normed when
+// that is set): E4M3 codes [M, K] and their scales [M, K / 32].
+mma::ActSource quantize_prologue(const float* x, int64_t M, int64_t K, const NormArgs& norm) {
+  uint8_t* codes = workspace_as<uint8_t>(Ws::kActCodes, static_cast<size_t>(M * K));
+  float* scales = workspace_as<float>(Ws::kActScales, static_cast<size_t>(M * (K / 32)));
+  if (norm.w)
+    ::di::cuda::launch(rmsnorm_quant_kernel, static_cast<unsigned>(M), 256, 0, x, K, norm.w, norm.type, norm.eps,
+                       norm.normed, codes, scales);
+  else
+    quantize_activation(x, M, K, codes, scales);
+  return mma::ActSource{codes, scales, nullptr};
+}
+
 template <mma::WFmt F, int NT, bool kFast>
 bool launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool invariant, const RopeArgs& rope,
                       const NormArgs& norm) {
   const int64_t K = w.cols, N = w.rows, nb = K / 32;
   mma::ActSource src{nullptr, nullptr, x};
   if (M > 2 || norm.normed) {  // quantize once in a prologue: each CTA quantizing its K range costs more past 2 rows
-    uint8_t* codes = workspace_as<uint8_t>(Ws::kActCodes, static_cast<size_t>(M * K));
-    float* scales = workspace_as<float>(Ws::kActScales, static_cast<size_t>(M * nb));
-    if (norm.w)
-      ::di::cuda::launch(rmsnorm_quant_kernel, static_cast<unsigned>(M), 256, 0, x, K, norm.w, norm.type, norm.eps,
-                         norm.normed, codes, scales);
-    else
-      quantize_activation(x, M, K, codes, scales);
-    src = mma::ActSource{codes, scales, nullptr};
+    src = quantize_prologue(x, M, K, norm);
   } else if (norm.w) {  // each CTA normalizes the rows while staging them
     src.norm_w = norm.w;
     src.norm_type = norm.type;
@@ -302,8 +297,8 @@ __device__ __forceinline__ void load_w(const uint8_t* __restrict__ w, const uint
     const float s = e8m0_to_float(__ldg(wscale + static_cast<int64_t>(o / 32) * scale_cols + k / 32));
     if constexpr (kVec == 8) {
       const uint2 v = __ldg(reinterpret_cast<const uint2*>(w + e0));
-      e4m3x4(v.x, out);
-      e4m3x4(v.y, out + 4);
+      dq::e4m3x4(v.x, out);
+      dq::e4m3x4(v.y, out + 4);
 #pragma unroll
       for (int i = 0; i < 8; ++i) out[i] = __fmul_rn(out[i], s);
     } else {
@@ -482,6 +477,11 @@ bool quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool
   DI_CHECK(!rope.rope.freqs || (N % 2 == 0 && rope.rope.head_dim % 2 == 0 && rope.rope.rope_dim % 2 == 0 &&
                                 rope.rope.rope_dim <= rope.rope.head_dim && N % rope.rope.head_dim == 0));
   if (S == 0 || N == 0) return true;
+  if (!invariant && fp8_gemv_enabled() && fp8_gemv_fits(S, w)) {
+    const mma::ActSource src = quantize_prologue(x, S, K, norm);
+    fp8_gemv(src.xc, src.xs, S, w, y, rope);
+    return true;
+  }
   if (w.mode == WeightMode::kFp8Block)
     return launch_quantized_nt<mma::WFmt::kFp8Block, false>(nt_for(S), x, S, w, y, invariant, rope, norm);
   if (fast_fp4) return launch_quantized_nt<mma::WFmt::kFp4Row, true>(nt_for(S), x, S, w, y, invariant, rope, norm);
