@@ -159,21 +159,21 @@ struct ExpertSet {
   ExpertWeights shared;
 };
 
-ExpertSet random_experts(Rng& rng, Backend& gpu, int64_t n_exp) {
+ExpertSet random_experts(Rng& rng, Backend& gpu, int64_t n_exp, int64_t inter = kInter, int64_t hidden = kHidden) {
   ExpertSet s;
   auto add = [&](OwnedWeight w) {
     s.owned.push_back(std::move(w));
     return s.owned.back().w;
   };
   for (int64_t e = 0; e < n_exp; ++e) {  // routed: FP4 [inter, D], [D, inter], [inter, D]
-    Weight w1 = add(gputest::random_fp4_weight(rng, kInter, kHidden, gpu));
-    Weight w2 = add(gputest::random_fp4_weight(rng, kHidden, kInter, gpu));
-    Weight w3 = add(gputest::random_fp4_weight(rng, kInter, kHidden, gpu));
+    Weight w1 = add(gputest::random_fp4_weight(rng, inter, hidden, gpu));
+    Weight w2 = add(gputest::random_fp4_weight(rng, hidden, inter, gpu));
+    Weight w3 = add(gputest::random_fp4_weight(rng, inter, hidden, gpu));
     s.experts.push_back({w1, w2, w3});
   }
-  Weight w1 = add(gputest::random_fp8_weight(rng, kInter, kHidden, gpu));  // shared: FP8
-  Weight w2 = add(gputest::random_fp8_weight(rng, kHidden, kInter, gpu));
-  Weight w3 = add(gputest::random_fp8_weight(rng, kInter, kHidden, gpu));
+  Weight w1 = add(gputest::random_fp8_weight(rng, inter, hidden, gpu));  // shared: FP8
+  Weight w2 = add(gputest::random_fp8_weight(rng, hidden, inter, gpu));
+  Weight w3 = add(gputest::random_fp8_weight(rng, inter, hidden, gpu));
   s.shared = {w1, w2, w3};
   return s;
 }
@@ -225,6 +225,35 @@ TEST_F(MoeEngramOps, ExpertsMatchCpu) { check_experts(*this, false, 1e-3); }
 
 // The fast MXFP4 GEMMs: relative L2 <= gputest::kFastMoeRelL2 (gpu_test_util.h says why).
 TEST_F(MoeEngramOps, ExpertsFastFp4GemmMatchCpu) { check_experts(*this, true, gputest::kFastMoeRelL2); }
+
+// One and two tokens (the decode batches' one-token tiles and K splits) at K of 9 and 7 blocks, at the
+// V4.1 widths, and with a token that lists one expert twice (that expert gets more entries than there are
+// tokens). Relative L2 <= 1e-3.
+TEST_F(MoeEngramOps, ExpertsOneAndTwoTokensMatchCpu) {
+  struct Case {
+    int64_t n_exp, inter, hidden;
+  };
+  for (const Case& c : {Case{8, 224, 288}, Case{8, 2304, 5120}}) {
+    ExpertSet set = random_experts(rng(), *gpu, c.n_exp, c.inter, c.hidden);
+    for (int64_t rows : {1, 2})
+      for (bool repeat : {false, true}) {
+        SCOPED_TRACE("inter=" + std::to_string(c.inter) + " hidden=" + std::to_string(c.hidden) + " rows=" +
+                     std::to_string(rows) + (repeat ? " repeated expert" : ""));
+        const int top_k = 6;
+        gputest::TensorPair x = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, c.hidden});
+        auto [ids, w] = random_route(rng(), rows, c.n_exp, top_k);
+        if (repeat) ids[1] = ids[0];
+        MoeRoute rc{cpu->from_host_f32(w, {rows, top_k}), cpu->from_host_i32(ids, {rows, top_k})};
+        MoeRoute rg{gpu->from_host_f32(w, {rows, top_k}), gpu->from_host_i32(ids, {rows, top_k})};
+        std::vector<float> want = cpu->to_host_f32(cpu->moe_experts(x.cpu, rc, set.experts, set.shared, 7.0f));
+        Compare cmp = compare(gpu->to_host_f32(gpu->moe_experts(x.gpu, rg, set.experts, set.shared, 7.0f)), want);
+        std::printf("  moe_experts rows=%lld inter=%lld hidden=%lld%s: %s\n", static_cast<long long>(rows),
+                    static_cast<long long>(c.inter), static_cast<long long>(c.hidden), repeat ? " repeated" : "",
+                    cmp.str().c_str());
+        EXPECT_LE(cmp.rel_l2, 1e-3) << cmp.str() << ", " << seed_note();
+      }
+  }
+}
 
 // The grouped path's edge cases: experts with more entries than one 64-token tile (130 rows over 8
 // experts), ids outside [0, E) (skipped, as the CPU skips them), a row without any valid id.
