@@ -369,19 +369,14 @@ Tensor CudaBackend::inverse_rope_grouped_linear(Tensor x, const Weight& w, int g
   Tensor y = alloc(TType::kF32, {x.rows(), w.rows});
   const cuda::dense::RopeArgs rope{rope_uploads_->get(positions),
                                    RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
-  if (cuda::dense::fp8_grouped_gemv_fits(x.f32(), x.rows(), w, groups))
-    cuda::dense::fp8_grouped_gemv(x.f32(), x.rows(), w, groups, rope, y.f32());
-  else
-    cuda::dense::grouped_mma_linear_inverse_rope(x.f32(), x.rows(), w, groups, rope, y.f32());
+  cuda::dense::grouped_mma_linear_inverse_rope(x.f32(), x.rows(), w, groups, rope, y.f32());
   return y;
 }
 
 Tensor CudaBackend::grouped_linear(const Tensor& x, const Weight& w, int groups) {
   DI_CHECK(x.type == TType::kF32 && groups > 0 && x.row_size() == groups * w.cols);
   Tensor y = alloc(TType::kF32, {x.rows(), w.rows});
-  if (!batch_invariant_ && cuda::dense::fp8_grouped_gemv_fits(x.f32(), x.rows(), w, groups))  // as linear()
-    cuda::dense::fp8_grouped_gemv(x.f32(), x.rows(), w, groups, {}, y.f32());
-  else if (!batch_invariant_ && cuda::dense::grouped_mma_fits(x.f32(), x.rows(), w, groups))
+  if (!batch_invariant_ && cuda::dense::grouped_mma_fits(x.f32(), x.rows(), w, groups))  // as linear()
     cuda::dense::grouped_mma_linear(x.f32(), x.rows(), w, groups, y.f32());
   else
     cuda::dense::grouped_linear(x.f32(), x.rows(), w, groups, y.f32());

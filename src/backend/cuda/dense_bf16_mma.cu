@@ -217,15 +217,19 @@ bool skip_zero_lo() {
 
 // K splits: a CTA streams its rows' weights one 64-wide chunk at a time, so few row CTAs (wo_a: 32 of
 // 256 rows) leave most SMs idle and each warp a long chain of chunks. Split K until about two CTAs
-// per SM, each split >= 8 chunks; results are summed in split order by the tile's last CTA when
-// tokens x splits is small (the quantized linears' rule: at batch 1 the reduce launch cost ~3 us
-// of a ~20 us wo_a), else by reduce_splits.
+// per SM, each split >= kMinSplitChunks chunks; results are summed in split order by the tile's last
+// CTA when tokens x splits is small (the quantized linears' rule: at batch 1 the reduce launch cost
+// ~3 us of a ~20 us wo_a), else by reduce_splits. Splits of 3 chunks rather than 8: the indexer's and
+// compressors' narrow projections ([32 - 256, 5120]: 1-2 row CTAs) took 12-20 us each at 10 splits,
+// 9-17 us at 20 (ncu on an H100, bench/RESULTS.md); at batch 8, 26 splits still fit the fix-up's rounds.
+constexpr int64_t kMinSplitChunks = 3;
+
 template <MmaWeight F, int NT>
 void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y,
                const RopeArgs& x_rope) {
   const int64_t ctas = (w.rows + kRowsPerCta - 1) / kRowsPerCta * ((S + 8 * NT - 1) / (8 * NT));
   const int64_t chunks = w.cols / kChunk;
-  const int64_t splits = std::clamp<int64_t>(264 / ctas, 1, std::max<int64_t>(1, chunks / 8));
+  const int64_t splits = std::clamp<int64_t>(264 / ctas, 1, std::max<int64_t>(1, chunks / kMinSplitChunks));
   const int64_t per_split = (chunks + splits - 1) / splits * kChunk;
   const int64_t used = (w.cols + per_split - 1) / per_split;
   float* partial = used > 1 ? workspace_as<float>(Ws::kPartial, static_cast<size_t>(used * S * w.rows)) : nullptr;

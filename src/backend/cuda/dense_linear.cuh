@@ -45,10 +45,6 @@ bool quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, b
 bool fp8_gemv_enabled();
 bool fp8_gemv_fits(int64_t rows, const Weight& w);
 void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope);
-// grouped_linear (and wo_a's inverse_rope_grouped_linear: x_rope set) of one or two rows on the same kernel,
-// x in fp32 (not quantized: grouped_linear's arithmetic); each CTA stages the x group of its rows.
-bool fp8_grouped_gemv_fits(const float* x, int64_t rows, const Weight& w, int groups);
-void fp8_grouped_gemv(const float* x, int64_t rows, const Weight& w, int groups, const RopeArgs& x_rope, float* y);
 
 // The activation quantizer of quantized_linear: codes [rows, K] E4M3, scales [rows, K/32] as floats.
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);

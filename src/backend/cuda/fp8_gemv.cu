@@ -36,19 +36,12 @@ constexpr int kGroup = 8;              // 16-byte weight loads in flight per lan
 constexpr int kMaxRows = 2;            // activation rows
 constexpr int kMaxSmem = 64 << 10;     // M x K x 4 bytes of staged activation
 // CTAs per SM the registers allow (<= 80 each): 8 (64 registers) spilled and was slower (wo_b at one
-// row 21.9 -> 24.7 us, op_bench on an H100). One fewer (<= 102) with fp32 x: the rotation while staging
-// spilled at 80.
+// row 21.9 -> 24.7 us, op_bench on an H100)
 constexpr int kMinCtas = 6;
 
-// The activation: quantized (xc / xs, the linears) or fp32 rows (x: grouped_linear, wo_a, whose output
-// row o reads the K columns of group o / rows_per_group, inverse-rotated by x_rope when it is set).
 struct GemvArgs {
   const uint8_t* xc;      // [M, K] E4M3 activation codes
   const float* xs;        // [M, K / 32] their scales
-  const float* x;         // [M, x_stride] fp32 (instead of xc / xs)
-  int64_t x_stride;
-  int rows_per_group;     // output rows per x group (N without groups); a multiple of the task rows
-  RopeArgs x_rope;
   const uint8_t* w;       // [N, K] E4M3
   const uint8_t* wscale;  // [ceil(N / 32), scale_cols] E8M0
   int64_t scale_cols;
@@ -81,46 +74,33 @@ __device__ __forceinline__ void load_group(const GemvArgs& a, int row_base, int 
 // The first group of the CTA's first task, loaded before the PDL wait (weights are never written:
 // pdl_launch.cuh), so it is in flight while the kernel before finishes and the activation is staged.
 template <int RPH>
-__device__ __forceinline__ void first_group_then_wait(const GemvArgs& a, int t0, Group& g) {
+__device__ __forceinline__ void first_group_then_wait(const GemvArgs& a, int tasks, Group& g) {
   const int warp = threadIdx.x >> 5, half = (threadIdx.x >> 4) & 1;
-  load_group<RPH>(a, t0 * kHalves * RPH + warp * 2 * RPH + half, a.K / 256, 0, g);
+  if (static_cast<int>(blockIdx.x) < tasks)
+    load_group<RPH>(a, blockIdx.x * kHalves * RPH + warp * 2 * RPH + half, a.K / 256, 0, g);
   ::di::cuda::grid_dependency_wait();
 }
 
-// The activation's values in shared memory (codes x scales, exact; or the fp32 rows of x group `grp`,
-// inverse-rotated), quarter-major so that the half-warp's 16 lanes, reading consecutive chunks, read
-// consecutive 16-byte words: value 16 c + 4 q + e of row m (chunk c, quarter q) at
-// xv[m K + (q K / 16 + c) 4 + e]. (Chunk-major, a lane's words were 64 bytes apart: 8-way bank
-// conflicts, and ncu found the kernel bound by them.) 4 steps' loads in flight per thread.
-template <int M, bool kFloatX>
-__device__ __forceinline__ void stage_activation(const GemvArgs& a, int grp, float* xv) {
+// The activation's values (code x scale, exact) in shared memory, quarter-major so that the half-warp's
+// 16 lanes, reading consecutive chunks, read consecutive 16-byte words: value 16 c + 4 q + e of row m
+// (chunk c, quarter q) at xv[m K + (q K / 16 + c) 4 + e]. (Chunk-major, a lane's words were 64 bytes
+// apart: 8-way bank conflicts, and ncu found the kernel bound by them.) 16 codes per thread and step,
+// 4 steps' loads in flight.
+template <int M>
+__device__ __forceinline__ void stage_activation(const GemvArgs& a, float* xv) {
   const int chunks = a.K / 16, n16 = M * chunks;  // rows are contiguous, so piece i has scale i / 2
-  if constexpr (kFloatX) {
 #pragma unroll 4
-    for (int i = threadIdx.x; i < 4 * n16; i += kThreads) {  // float4 i: row m, values 4 (i % (K / 4)) ..
-      const int m = i / (4 * chunks), k = 4 * (i % (4 * chunks));
-      const int64_t col = static_cast<int64_t>(grp) * a.K + k;
-      float4 v = __ldg(reinterpret_cast<const float4*>(a.x + m * a.x_stride + col));
-      if (a.x_rope.rope.freqs) {  // pairs start at even columns
-        rope_pair(v.x, v.y, col, a.x_rope.pos[m], a.x_rope.rope, true);
-        rope_pair(v.z, v.w, col + 2, a.x_rope.pos[m], a.x_rope.rope, true);
-      }
-      *reinterpret_cast<float4*>(xv + m * a.K + ((k % 16) / 4 * chunks + k / 16) * 4) = v;
-    }
-  } else {
-#pragma unroll 4
-    for (int i = threadIdx.x; i < n16; i += kThreads) {
-      const uint4 c = __ldg(reinterpret_cast<const uint4*>(a.xc) + i);
-      const float s = __ldg(a.xs + i / 2);
-      const uint32_t u[4] = {c.x, c.y, c.z, c.w};
-      float* row = xv + (i / chunks) * a.K + 4 * (i % chunks);
+  for (int i = threadIdx.x; i < n16; i += kThreads) {
+    const uint4 c = __ldg(reinterpret_cast<const uint4*>(a.xc) + i);
+    const float s = __ldg(a.xs + i / 2);
+    const uint32_t u[4] = {c.x, c.y, c.z, c.w};
+    float* row = xv + (i / chunks) * a.K + 4 * (i % chunks);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float v[4];
-        dq::e4m3x4(u[q], v);
-        *reinterpret_cast<float4*>(row + q * a.K / 4) =
-            make_float4(__fmul_rn(v[0], s), __fmul_rn(v[1], s), __fmul_rn(v[2], s), __fmul_rn(v[3], s));
-      }
+    for (int q = 0; q < 4; ++q) {
+      float v[4];
+      dq::e4m3x4(u[q], v);
+      *reinterpret_cast<float4*>(row + q * a.K / 4) =
+          make_float4(__fmul_rn(v[0], s), __fmul_rn(v[1], s), __fmul_rn(v[2], s), __fmul_rn(v[3], s));
     }
   }
 }
@@ -143,37 +123,22 @@ __device__ __forceinline__ float chunk_dot(const uint4& w, const float* __restri
   return p;
 }
 
-// Grid: up to one wave of CTAs, CTA b taking tasks [b per_cta, (b + 1) per_cta) (consecutive, so an x
-// group is staged once per CTA); a task is kHalves * RPH consecutive rows (half h of warp w: rows
-// w * 2 RPH + 2 rr + h).
-template <int M, int RPH, bool kFloatX>
-__global__ void __launch_bounds__(kThreads, kFloatX ? kMinCtas - 1 : kMinCtas)
-    fp8_gemv_kernel(GemvArgs a, int tasks, int per_cta) {
-  const int t0 = blockIdx.x * per_cta, t1 = min(tasks, t0 + per_cta);
+// Grid: up to one wave of CTAs, each taking tasks blockIdx.x, + gridDim.x, ...; a task is kHalves * RPH
+// consecutive rows (half h of warp w: rows w * 2 RPH + 2 rr + h).
+template <int M, int RPH>
+__global__ void __launch_bounds__(kThreads, kMinCtas) fp8_gemv_kernel(GemvArgs a, int tasks) {
   Group g;
-  first_group_then_wait<RPH>(a, t0, g);
+  first_group_then_wait<RPH>(a, tasks, g);
   extern __shared__ float xv[];  // [M][K]
+  stage_activation<M>(a, xv);
+  __syncthreads();
   const int lane = threadIdx.x & 31, hl = lane & 15, warp = threadIdx.x >> 5, half = lane >> 4;
   const int cpl = a.K / 256, flat = RPH * cpl;  // chunks per lane per row; per task
-  int staged = -1;                              // the x group in xv
-  if constexpr (!kFloatX) {                     // one activation for every row
-    stage_activation<M, false>(a, 0, xv);
-    __syncthreads();
-  }
-  for (int t = t0; t < t1; ++t) {
-    if constexpr (kFloatX) {
-      const int grp = t * kHalves * RPH / a.rows_per_group;
-      if (grp != staged) {  // CTA-uniform
-        if (staged >= 0) __syncthreads();
-        stage_activation<M, true>(a, grp, xv);
-        __syncthreads();
-        staged = grp;
-      }
-    }
+  for (int t = blockIdx.x; t < tasks; t += gridDim.x) {
     const int row_base = t * kHalves * RPH + warp * 2 * RPH + half;
     float acc[M][RPH] = {};
     for (int f0 = 0; f0 < flat; f0 += kGroup) {
-      if (f0 > 0 || t != t0) load_group<RPH>(a, row_base, cpl, f0, g);
+      if (f0 > 0 || t != static_cast<int>(blockIdx.x)) load_group<RPH>(a, row_base, cpl, f0, g);
 #pragma unroll
       for (int i = 0; i < kGroup; ++i) {
         const int f = f0 + i, rr = RPH == 1 ? 0 : (f >= cpl), j = f - rr * cpl;
@@ -210,9 +175,9 @@ __global__ void __launch_bounds__(kThreads, kFloatX ? kMinCtas - 1 : kMinCtas)
 
 // CTAs of fp8_gemv_kernel<M, RPH> resident per SM with `smem` bytes of activation, per K / 256 (the
 // occupancy query is a host call: asked once per shape).
-template <int M, int RPH, bool kFloatX>
+template <int M, int RPH>
 int resident_ctas(int smem) {
-  const auto kernel = fp8_gemv_kernel<M, RPH, kFloatX>;
+  const auto kernel = fp8_gemv_kernel<M, RPH>;
   static const bool attr_set = [&] {
     DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     return true;
@@ -229,23 +194,19 @@ int resident_ctas(int smem) {
   return n;
 }
 
-template <int M, int RPH, bool kFloatX>
+template <int M, int RPH>
 void launch_gemv(const GemvArgs& a) {
   const int smem = M * a.K * 4;
   const int tasks = (a.N + kHalves * RPH - 1) / (kHalves * RPH);
-  const int slots = resident_ctas<M, RPH, kFloatX>(smem) * sm_count(), per_cta = (tasks + slots - 1) / slots;
-  ::di::cuda::launch(fp8_gemv_kernel<M, RPH, kFloatX>, (tasks + per_cta - 1) / per_cta, kThreads, static_cast<size_t>(smem), a,
-                     tasks, per_cta);
+  const int grid = std::min(tasks, resident_ctas<M, RPH>(smem) * sm_count());
+  ::di::cuda::launch(fp8_gemv_kernel<M, RPH>, grid, kThreads, static_cast<size_t>(smem), a, tasks);
 }
 
 // Rows per half-warp: two where a row has fewer chunks per lane than a group, so more loads are in flight.
-int rows_per_half(int64_t K) { return K / 256 < kGroup ? 2 : 1; }
-
-template <bool kFloatX>
-void launch_gemv_rows(const GemvArgs& a, int64_t rows) {
-  const bool two = rows_per_half(a.K) == 2;
-  if (rows == 1) two ? launch_gemv<1, 2, kFloatX>(a) : launch_gemv<1, 1, kFloatX>(a);
-  else two ? launch_gemv<2, 2, kFloatX>(a) : launch_gemv<2, 1, kFloatX>(a);
+template <int M>
+void launch_gemv_rows(const GemvArgs& a) {
+  if (a.K / 256 < kGroup) launch_gemv<M, 2>(a);
+  else launch_gemv<M, 1>(a);
 }
 
 }  // namespace
@@ -262,21 +223,10 @@ bool fp8_gemv_fits(int64_t rows, const Weight& w) {
 
 void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope) {
   DI_CHECK(fp8_gemv_fits(rows, w));
-  const GemvArgs a{codes, scales, nullptr, 0, static_cast<int>(w.rows), RopeArgs{}, wdata(w), wscale(w), w.scale_cols,
-                   static_cast<int>(w.rows), static_cast<int>(w.cols), rope, y};
-  launch_gemv_rows<false>(a, rows);
-}
-
-bool fp8_grouped_gemv_fits(const float* x, int64_t rows, const Weight& w, int groups) {
-  return fp8_gemv_enabled() && fp8_gemv_fits(rows, w) && groups > 0 && w.rows % groups == 0 &&
-         (w.rows / groups) % (kHalves * rows_per_half(w.cols)) == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-}
-
-void fp8_grouped_gemv(const float* x, int64_t rows, const Weight& w, int groups, const RopeArgs& x_rope, float* y) {
-  DI_CHECK(fp8_grouped_gemv_fits(x, rows, w, groups));
-  const GemvArgs a{nullptr, nullptr, x, w.cols * groups, static_cast<int>(w.rows / groups), x_rope, wdata(w), wscale(w),
-                   w.scale_cols, static_cast<int>(w.rows), static_cast<int>(w.cols), RopeArgs{}, y};
-  launch_gemv_rows<true>(a, rows);
+  const GemvArgs a{codes, scales, wdata(w), wscale(w), w.scale_cols, static_cast<int>(w.rows), static_cast<int>(w.cols),
+                   rope, y};
+  if (rows == 1) launch_gemv_rows<1>(a);
+  else launch_gemv_rows<2>(a);
 }
 
 }  // namespace di::cuda::dense
