@@ -10,6 +10,8 @@
 // nothing is claimed. tests/gpu/batch_invariance_test.cpp checks each affected op bit for bit.
 //
 // Audit, op by op (op: what depends on M or on other rows -> what the invariant mode does):
+//  - linear kFp8Block at 1-2 rows (fp8_gemv.cu, CUDA-core sums in another order than the tensor-core tiles)
+//    -> CHANGED: not taken; the tiles below with the one-row plan.
 //  - linear kFp8Block / kFp4Expert (dense_linear.cu): the K split count, plan_split over
 //    ceil(N/128) x ceil(M/64) tiles with nt(M) token tiles -> CHANGED: the plan of one row (one
 //    64-token chunk, nt = 1: the default's plan for M <= 8) at every M. When those split CTAs would

@@ -7,6 +7,8 @@
 // summed by the tensor core and K may be split across CTAs (the partials of the splits are added in
 // split order by the last CTA to finish, so results are deterministic). Equal to the CPU's result to
 // fp32 rounding before the bf16 output rounding (tests/gpu/dense_ops_test.cpp states the bound).
+// FP8 weights at one or two rows take the CUDA-core GEMV instead (fp8_gemv.cu), outside the
+// batch-invariant mode.
 //
 // Layout: a CTA owns 128 output features x one K range x up to 64 tokens; grid (ceil(N/128),
 // splits, ceil(M/64)). Weight bytes are read once per launch for M <= 64 (once per 64 tokens above).
