@@ -3,8 +3,9 @@
 // Why not the tensor-core tiles (mma_gemm.cuh): at one row they stream their weights at 1.0-1.8 TB/s.
 // ncu found those warps waiting on each K block's dependent chain (operand conversions, the emulated
 // e4m3 MMA, the scale FMAs) with 2-3 warps per scheduler (bench/RESULTS.md). Here a weight byte costs
-// a conversion and one FMA per row, each lane's loads are 16 contiguous bytes, and the kernel is small
-// enough for 8 CTAs per SM: the bytes in flight come from many warps, not from a register pipeline.
+// a conversion and one FMA per row, each lane's loads are 16 contiguous bytes, and 6 CTAs of 4 warps
+// fit an SM (80 registers): the bytes in flight come from many warps, not from a register pipeline.
+// The first group of a CTA's weight loads is issued before the PDL wait.
 //
 // Layout: a half-warp owns a weight row (RPH rows in turn); lane l of the half reads the 16-byte
 // chunks l, l + 16, ... of the row (K % 256 == 0), so each load instruction of a warp covers 256
