@@ -75,11 +75,13 @@ __device__ __forceinline__ void load_group(const GemvArgs& a, int row_base, int 
 // The first group of the CTA's first task, loaded before the PDL wait (weights are never written:
 // pdl_launch.cuh), so it is in flight while the kernel before finishes and the activation is staged.
 template <int RPH>
-__device__ __forceinline__ void first_group_then_wait(const GemvArgs& a, int tasks, Group& g) {
+__device__ __forceinline__ Group first_group_then_wait(const GemvArgs& a, int tasks) {
   const int warp = threadIdx.x >> 5, half = (threadIdx.x >> 4) & 1;
+  Group g;
   if (static_cast<int>(blockIdx.x) < tasks)
     load_group<RPH>(a, blockIdx.x * kHalves * RPH + warp * 2 * RPH + half, a.K / 256, 0, g);
   ::di::cuda::grid_dependency_wait();
+  return g;
 }
 
 // The activation's values (code x scale, exact) in shared memory, quarter-major so that the half-warp's
@@ -128,8 +130,7 @@ __device__ __forceinline__ float chunk_dot(const uint4& w, const float* __restri
 // consecutive rows (half h of warp w: rows w * 2 RPH + 2 rr + h).
 template <int M, int RPH>
 __global__ void __launch_bounds__(kThreads, kMinCtas) fp8_gemv_kernel(GemvArgs a, int tasks) {
-  Group g;
-  first_group_then_wait<RPH>(a, tasks, g);
+  Group g = first_group_then_wait<RPH>(a, tasks);
   extern __shared__ float xv[];  // [M][K]
   stage_activation<M>(a, xv);
   __syncthreads();
