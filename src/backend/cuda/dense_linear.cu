@@ -181,8 +181,6 @@ int resident_ctas() {
   return n;
 }
 
-// Returns whether `rope` (if set) was applied in the epilogue: not when K is split across CTAs (their
-// partials are summed after the tiles), where the caller rotates the output itself.
 // x [M, K] quantized once into the workspace (RMSNorm first when norm.w is set, writing norm.normed when
 // that is set): E4M3 codes [M, K] and their scales [M, K / 32].
 mma::ActSource quantize_prologue(const float* x, int64_t M, int64_t K, const NormArgs& norm) {
@@ -196,6 +194,8 @@ mma::ActSource quantize_prologue(const float* x, int64_t M, int64_t K, const Nor
   return mma::ActSource{codes, scales, nullptr};
 }
 
+// Returns whether `rope` (if set) was applied in the epilogue: not when K is split across CTAs (their
+// partials are summed after the tiles), where the caller rotates the output itself.
 template <mma::WFmt F, int NT, bool kFast>
 bool launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool invariant, const RopeArgs& rope,
                       const NormArgs& norm) {
@@ -479,7 +479,7 @@ bool quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool
   DI_CHECK(!rope.rope.freqs || (N % 2 == 0 && rope.rope.head_dim % 2 == 0 && rope.rope.rope_dim % 2 == 0 &&
                                 rope.rope.rope_dim <= rope.rope.head_dim && N % rope.rope.head_dim == 0));
   if (S == 0 || N == 0) return true;
-  if (!invariant && fp8_gemv_enabled() && fp8_gemv_fits(S, w)) {
+  if (!invariant && fp8_gemv_fits(S, w)) {
     const mma::ActSource src = quantize_prologue(x, S, K, norm);
     fp8_gemv(src.xc, src.xs, S, w, y, rope);
     return true;

@@ -41,8 +41,7 @@ bool quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, b
 // One or two rows on the CUDA cores (fp8_gemv.cu; quantized_linear takes it at those batches outside the
 // batch-invariant mode): kFp8Block weights with K % 256 == 0, the activation quantized (codes [rows, K],
 // scales [rows, K / 32], as quantize_activation writes them) and staged whole (rows x K x 4 bytes <= 64 KiB).
-// Applies `rope` to the output. DEEPINFER_FP8_GEMV=0 turns it off (A/B measurements).
-bool fp8_gemv_enabled();
+// Applies `rope` to the output. fp8_gemv_fits is false with DEEPINFER_FP8_GEMV=0 (A/B measurements).
 bool fp8_gemv_fits(int64_t rows, const Weight& w);
 void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope);
 

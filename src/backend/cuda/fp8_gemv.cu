@@ -213,13 +213,9 @@ void launch_gemv_rows(const GemvArgs& a) {
 
 }  // namespace
 
-bool fp8_gemv_enabled() {
-  static const bool on = env_switch_on("DEEPINFER_FP8_GEMV");
-  return on;
-}
-
 bool fp8_gemv_fits(int64_t rows, const Weight& w) {
-  return w.mode == WeightMode::kFp8Block && rows >= 1 && rows <= kMaxRows && w.cols % 256 == 0 &&
+  static const bool on = env_switch_on("DEEPINFER_FP8_GEMV");
+  return on && w.mode == WeightMode::kFp8Block && rows >= 1 && rows <= kMaxRows && w.cols % 256 == 0 &&
          rows * w.cols * 4 <= kMaxSmem && w.rows < (1LL << 30);
 }
 
