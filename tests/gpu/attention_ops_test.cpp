@@ -12,7 +12,8 @@
 //    bits it gets inside a large batch (the widest tiles): EXACT.
 //  - softmax_pool: relative L2 <= 1e-6 (CPU order; exp rounded once from double vs glibc expf).
 //  - index_scores: bit-exact (each dot in cpu::dot's exact order), -inf where invisible.
-//  - select_candidates, topk_indices (both tie modes), mask_scores: EXACT.
+//  - select_candidates (both the top-k of blocks and the every-block-kept pass), topk_indices (both tie
+//    modes), mask_scores: EXACT.
 // Index-score inputs are drawn from a small set of bf16 values so that exact ties are frequent.
 #include <gtest/gtest.h>
 
@@ -505,7 +506,9 @@ TEST_F(AttentionOps, IndexScores) {
 TEST_F(AttentionOps, IndexScoresWithKeyOffsets) {
   Rng& r = rng();
   for (auto [rows, heads, hd, t_len] : std::vector<std::tuple<int64_t, int, int64_t, int64_t>>{
-           {1, 4, 64, 50}, {9, 32, 128, 900}, {37, 4, 60, 333}}) {
+           // hd 128: 8, 4 and 1 threads a key by how many CTAs of 128 keys there are against the SMs
+           {1, 4, 64, 50}, {2, 32, 128, 900}, {5, 32, 128, 1800}, {9, 32, 128, 900}, {37, 4, 60, 333},
+           {40, 32, 128, 2000}}) {
     SCOPED_TRACE("rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) + " hd=" + std::to_string(hd) +
                  " keys=" + std::to_string(t_len) + " " + seed_note());
     IndexInputs in = index_inputs(*this, r, rows, heads, hd, t_len, false);
@@ -556,6 +559,8 @@ TEST_F(AttentionOps, IndexScoresFromPackedPool) {
     RowFormat fmt;
   };
   for (const Case& c : std::vector<Case>{{9, 32, 128, 900, RowFormat::kFp4Ue8m0},
+                                         {1, 32, 128, 4000, RowFormat::kFp4Ue8m0},  // 8 threads a key
+                                         {2, 32, 128, 4000, RowFormat::kFp4Ue8m0},  // 4 threads a key
                                          {64, 64, 128, 1500, RowFormat::kFp4Ue8m0},
                                          {5, 4, 64, 130, RowFormat::kFp4Ue8m0},
                                          {3, 64, 128, 200, RowFormat::kFp8Ue8m0}}) {
@@ -618,13 +623,30 @@ TEST_F(AttentionOps, SelectCandidatesAndMaskScores) {
   struct Case {
     int64_t rows, t_len;
     int topk_blocks, block_size;
+    bool dead_blocks;  // some whole blocks -inf (never marked, unless the row's newest)
   };
-  for (const Case& c : std::vector<Case>{{1, 20, 3, 4}, {5, 700, 16, 8}, {33, 333, 7, 4}, {5, 129, 100, 8}, {33, 500, 1, 3}}) {
+  // topk_blocks >= the blocks a row reaches: the device's one-pass mask (every reachable block kept)
+  for (const Case& c : std::vector<Case>{{1, 20, 3, 4, false},
+                                         {5, 700, 16, 8, false},
+                                         {33, 333, 7, 4, false},
+                                         {5, 129, 100, 8, false},
+                                         {33, 500, 1, 3, false},
+                                         {7, 301, 64, 8, true},
+                                         {7, 301, 16, 8, true}}) {
     ScoreRows s = tie_scores(*this, r, c.rows, c.t_len);
+    if (c.dead_blocks) {
+      for (int64_t row = 0; row < c.rows; ++row)
+        for (int64_t b = 0; b * c.block_size < c.t_len; ++b)
+          if (r.uniform_int(0, 2) == 0)
+            for (int64_t p = b * c.block_size; p < std::min<int64_t>(c.t_len, (b + 1) * c.block_size); ++p)
+              s.host[row * c.t_len + p] = -kInf;
+      s.c = cpu->from_host_f32(s.host, {c.rows, c.t_len});
+      s.g = gpu->from_host_f32(s.host, {c.rows, c.t_len});
+    }
     for (TieBreak ties : {TieBreak::kLowestIndex, TieBreak::kTorch}) {
       SCOPED_TRACE("rows=" + std::to_string(c.rows) + " T=" + std::to_string(c.t_len) + " topk_blocks=" +
-                   std::to_string(c.topk_blocks) + " block=" + std::to_string(c.block_size) + " " + tie_name(ties) +
-                   " " + seed_note());
+                   std::to_string(c.topk_blocks) + " block=" + std::to_string(c.block_size) +
+                   (c.dead_blocks ? " dead blocks " : " ") + tie_name(ties) + " " + seed_note());
       Tensor mc = cpu->select_candidates(s.c, s.visible, c.topk_blocks, c.block_size, ties);
       Tensor mg = gpu->select_candidates(s.g, s.visible, c.topk_blocks, c.block_size, ties);
       ASSERT_EQ(mg.shape, mc.shape);

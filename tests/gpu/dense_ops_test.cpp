@@ -293,10 +293,11 @@ TEST_F(DenseOps, LinearF32) {
 }
 
 // BF16 weights on the tensor cores: every token-tile width, a partial last 64-token tile,
-// rows that leave warps and CTAs partly empty, the head's K; x not bf16-valued (the lo half is used).
+// rows that leave warps and CTAs partly empty, the head's K, a narrow projection; x not bf16-valued
+// (the lo half is used).
 TEST_F(DenseOps, LinearBf16TensorCores) {
   for (int64_t s : {1, 2, 9, 24, 64, 65})
-    for (auto [n, k] : {std::pair<int64_t, int64_t>{300, 512}, {1000, 5120}}) {
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{300, 512}, {1000, 5120}, {40, 5120}}) {  // 40: one-chunk splits
       check_linear(*this, WeightMode::kF32, DType::kBF16, s, n, k);
       check_linear(*this, WeightMode::kBf16, DType::kBF16, s, n, k);
     }
@@ -315,7 +316,11 @@ TEST_F(DenseOps, SplitFixupEqualsReduceLaunch) {
   const Case cases[] = {{WeightMode::kFp8Block, DType::kF8E4M3, 1280, 5120},
                         {WeightMode::kFp8Block, DType::kF8E4M3, 520, 8192},
                         {WeightMode::kFp4Expert, DType::kI8, 520, 4096},
-                        {WeightMode::kBf16, DType::kBF16, 1000, 5120}};
+                        {WeightMode::kBf16, DType::kBF16, 1000, 5120},
+                        // the indexer's / compressors' narrow projections: one-chunk splits
+                        {WeightMode::kBf16, DType::kBF16, 32, 5120},
+                        {WeightMode::kBf16, DType::kBF16, 200, 5120},
+                        {WeightMode::kBf16, DType::kBF16, 520, 5120}};
   for (const Case& c : cases)
     for (int64_t s : {1, 3, 8, 9, 24, 64}) {
       SCOPED_TRACE(std::string(weight_mode_name(c.mode)) + " S=" + std::to_string(s) + " N=" + std::to_string(c.n) +

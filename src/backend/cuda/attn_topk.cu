@@ -23,6 +23,7 @@ namespace {
 constexpr int kSelThreads = 512;
 constexpr int kSelWarps = kSelThreads / 32;
 constexpr int64_t kMinChunk = 8192;                   // positions per stage-A block
+constexpr int64_t kStagedKeys = 8192;                 // a chunk's keys held in shared memory (32 KB)
 constexpr int64_t kMaxCandidateBytes = 64ll << 20;     // candidate scratch per batch of rows
 
 struct SelectShared {
@@ -123,33 +124,52 @@ __device__ void compact_selected(const Key& key, int64_t m, int64_t kk, uint32_t
   }
 }
 
-// Stage A: one block per (chunk, row). Reads a chunk of <= C values 5 times (L1/L2-resident). With
-// one chunk the result is final; otherwise min(k, len) (key, index) candidates per chunk.
+// out[r, from .. out_k) = -1: the rest of a row past its selection.
+__device__ __forceinline__ void fill_unselected(int32_t* __restrict__ row_out, int64_t from, int64_t out_k) {
+  for (int64_t i = max(from, int64_t{0}) + threadIdx.x; i < out_k; i += kSelThreads) row_out[i] = -1;
+}
+
+// Stage A: one block per (chunk, row). A chunk of <= kStagedKeys values is read once into shared
+// memory as keys (the radix passes and the compaction then read shared memory: from L2, each of the
+// passes' dependent loads cost a round trip, ~18 us for a 4096-position row); longer chunks are read
+// 5 times (L1/L2-resident). With one chunk the result is final (and the row's tail -1s are written
+// here); otherwise min(k, len) (key, index) candidates per chunk.
 __global__ void __launch_bounds__(kSelThreads) select_chunk_kernel(
     const float* __restrict__ values, int64_t stride, int64_t row0, const int64_t* __restrict__ n_rows,
     const int64_t* __restrict__ k_rows, int64_t chunk, int64_t n_chunks, int64_t kmax, uint32_t* __restrict__ cand_u,
     int32_t* __restrict__ cand_i, int64_t out_k, int32_t offset, int32_t* __restrict__ out) {
   ::di::cuda::grid_dependency_wait();
   __shared__ SelectShared sh;
+  __shared__ uint32_t staged[kStagedKeys];
   const int64_t rb = blockIdx.y, r = row0 + rb, c = blockIdx.x;
   const int64_t n = n_rows[r], k = k_rows[r], base = c * chunk;
   const int64_t len = std::min(chunk, n - base);
+  const bool final = n <= chunk;
+  if (final && c == 0) fill_unselected(out + r * out_k, len > 0 ? std::min(k, len) : 0, out_k);
   if (len <= 0 || k <= 0) return;
   const int64_t kk = std::min(k, len);
   const float* row = values + r * stride + base;
-  auto key = [&](int64_t i) { return desc_key(__ldg(row + i)); };
-  uint32_t t, need;
-  radix_threshold(key, len, kk, sh, t, need);
-  if (n <= chunk) {
-    int32_t* o = out + r * out_k;
-    compact_selected(key, len, kk, t, need, sh,
-                     [&](uint32_t pos, int64_t i) { o[pos] = static_cast<int32_t>(i + offset); });
+  auto select = [&](const auto& key) {
+    uint32_t t, need;
+    radix_threshold(key, len, kk, sh, t, need);
+    if (final) {
+      int32_t* o = out + r * out_k;
+      compact_selected(key, len, kk, t, need, sh,
+                       [&](uint32_t pos, int64_t i) { o[pos] = static_cast<int32_t>(i + offset); });
+    } else {
+      const int64_t slot = (rb * n_chunks + c) * kmax;
+      compact_selected(key, len, kk, t, need, sh, [&](uint32_t pos, int64_t i) {
+        cand_u[slot + pos] = key(i);
+        cand_i[slot + pos] = static_cast<int32_t>(base + i);
+      });
+    }
+  };
+  if (len <= kStagedKeys) {
+    for (int64_t i = threadIdx.x; i < len; i += kSelThreads) staged[i] = desc_key(__ldg(row + i));
+    __syncthreads();
+    select([&](int64_t i) { return staged[i]; });
   } else {
-    const int64_t slot = (rb * n_chunks + c) * kmax;
-    compact_selected(key, len, kk, t, need, sh, [&](uint32_t pos, int64_t i) {
-      cand_u[slot + pos] = key(i);
-      cand_i[slot + pos] = static_cast<int32_t>(base + i);
-    });
+    select([&](int64_t i) { return desc_key(__ldg(row + i)); });
   }
 }
 
@@ -162,7 +182,10 @@ __global__ void __launch_bounds__(kSelThreads) select_candidates_kernel(
   __shared__ SelectShared sh;
   const int64_t rb = blockIdx.x, r = row0 + rb;
   const int64_t n = n_rows[r], k = k_rows[r];
-  if (n <= chunk || k <= 0) return;
+  if (n <= chunk) return;  // selected by stage A
+  int32_t* o = out + r * out_k;
+  fill_unselected(o, std::max<int64_t>(k, 0), out_k);
+  if (k <= 0) return;
   const int64_t full = (n - 1) / chunk;  // chunks before the last one
   const int64_t m = full * k + std::min(k, n - full * chunk);
   const int64_t slot0 = rb * n_chunks * kmax;
@@ -170,7 +193,6 @@ __global__ void __launch_bounds__(kSelThreads) select_candidates_kernel(
   auto key = [&](int64_t i) { return cand_u[at(i)]; };
   uint32_t t, need;
   radix_threshold(key, m, k, sh, t, need);
-  int32_t* o = out + r * out_k;
   compact_selected(key, m, k, t, need, sh,
                    [&](uint32_t pos, int64_t i) { o[pos] = static_cast<int32_t>(cand_i[at(i)] + offset); });
 }
@@ -259,19 +281,20 @@ void topk_lowest_index(const float* values, int64_t rows, int64_t stride, const 
                        const std::vector<int64_t>& k, int64_t out_k, int32_t offset, int32_t* out) {
   DI_CHECK(static_cast<int64_t>(n.size()) == rows && static_cast<int64_t>(k.size()) == rows);
   if (rows == 0 || out_k == 0) return;
-  const size_t out_bytes = static_cast<size_t>(rows * out_k) * sizeof(int32_t);
-  DI_CUDA_CHECK(cudaMemsetAsync(out, 0xff, out_bytes, current_stream()));  // -1s
   int64_t kmax = 0, nmax = 0;
   for (int64_t r = 0; r < rows; ++r) {
     DI_CHECK(k[r] >= 0 && k[r] <= n[r] && n[r] <= stride && k[r] <= out_k);
     kmax = std::max(kmax, k[r]);
     nmax = std::max(nmax, n[r]);
   }
-  if (kmax == 0) return;
   DI_CHECK(nmax <= INT32_MAX);
   const int64_t chunk = std::max(kMinChunk, 4 * kmax);
-  const int64_t n_chunks = (nmax + chunk - 1) / chunk;
-  Scratch n_dev = upload(n), k_dev = upload(k);
+  const int64_t n_chunks = std::max<int64_t>(1, (nmax + chunk - 1) / chunk);  // >= 1: stage A writes the -1s
+  std::vector<int64_t> nk(n);  // n then k: one upload
+  nk.insert(nk.end(), k.begin(), k.end());
+  Scratch nk_dev = upload(nk);
+  const int64_t* n_dev = nk_dev.as<int64_t>();
+  const int64_t* k_dev = n_dev + rows;
   // Rows per batch: bounded by the candidate scratch and by the grid's y limit.
   const int64_t per_row = n_chunks > 1 ? n_chunks * kmax * 8 : 0;
   const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(65535, per_row ? kMaxCandidateBytes / per_row : rows));
@@ -284,11 +307,11 @@ void topk_lowest_index(const float* values, int64_t rows, int64_t stride, const 
   for (int64_t row0 = 0; row0 < rows; row0 += batch_rows) {
     const int64_t nb = std::min(batch_rows, rows - row0);
     ::di::cuda::launch(select_chunk_kernel, dim3(static_cast<unsigned>(n_chunks), static_cast<unsigned>(nb)),
-                       kSelThreads, 0, values, stride, row0, n_dev.as<int64_t>(), k_dev.as<int64_t>(), chunk, n_chunks,
+                       kSelThreads, 0, values, stride, row0, n_dev, k_dev, chunk, n_chunks,
                        kmax, cu.as<uint32_t>(), ci.as<int32_t>(), out_k, offset, out);
     if (n_chunks > 1) {
-      ::di::cuda::launch(select_candidates_kernel, static_cast<unsigned>(nb), kSelThreads, 0, row0, n_dev.as<int64_t>(),
-                         k_dev.as<int64_t>(), chunk, n_chunks, kmax, cu.as<uint32_t>(), ci.as<int32_t>(), out_k, offset,
+      ::di::cuda::launch(select_candidates_kernel, static_cast<unsigned>(nb), kSelThreads, 0, row0, n_dev,
+                         k_dev, chunk, n_chunks, kmax, cu.as<uint32_t>(), ci.as<int32_t>(), out_k, offset,
                          out);
     }
   }

@@ -471,68 +471,117 @@ __global__ void index_scores_kernel(const float* __restrict__ q, int heads, int 
 constexpr int kRegHd = 128;
 constexpr int kRegThreads = 128;
 constexpr int kPackedIndexRow = kRegHd / 2 + kRegHd / 32;  // bytes of a kFp4Ue8m0 row of 128 values
+constexpr int kQStride = kRegHd / 4 + 1;                     // float4 per staged query head (padded)
 
-template <bool kPacked>
+// kSplit threads per key (small batches, whose kRegThreads-key CTAs leave most SMs idle: 33 CTAs for
+// 4K keys at batch 1): thread part p of a key computes the head terms h = p, p + kSplit, ... and the
+// part-0 thread adds all the key's terms in head order from shared memory -- the same terms and the
+// same additions as one thread per key.
+template <bool kPacked, int kSplit>
 __global__ void __launch_bounds__(kRegThreads)
     index_scores_reg_kernel(const float* __restrict__ q, int heads, const float* __restrict__ keys,
                             const uint8_t* __restrict__ cache, const int32_t* __restrict__ slots,
                             const int64_t* __restrict__ key_off, int64_t t_len, const float* __restrict__ w,
                             const int64_t* __restrict__ visible, int64_t row0, float* __restrict__ out) {
   ::di::cuda::grid_dependency_wait();
+  constexpr int kKeys = kRegThreads / kSplit;  // keys per CTA
   extern __shared__ float4 smem4[];
-  const float4* qs = smem4;                                       // [heads, 128] as float4
-  float* ws = reinterpret_cast<float*>(smem4 + heads * kRegHd / 4);  // [heads]
-  const int64_t r = row0 + blockIdx.y, t = static_cast<int64_t>(blockIdx.x) * kRegThreads + threadIdx.x;
+  const float4* qs = smem4;  // [heads, kQStride] float4: the parts of a warp read 4 heads, in distinct banks
+  float* ws = reinterpret_cast<float*>(smem4 + heads * kQStride);  // [heads]
+  float* terms = ws + heads;                                      // [kKeys, heads] when kSplit > 1
+  const int part = static_cast<int>(threadIdx.x) % kSplit, key = static_cast<int>(threadIdx.x) / kSplit;
+  const int64_t r = row0 + blockIdx.y, t = static_cast<int64_t>(blockIdx.x) * kKeys + key;
   const int64_t vis = visible[r], first_key = key_off ? key_off[r] : 0;
   const float4* qr = reinterpret_cast<const float4*>(q + r * heads * kRegHd);
-  for (int i = threadIdx.x; i < heads * kRegHd / 4; i += kRegThreads) smem4[i] = qr[i];
+  for (int i = threadIdx.x; i < heads * kRegHd / 4; i += kRegThreads)
+    smem4[i / (kRegHd / 4) * kQStride + i % (kRegHd / 4)] = qr[i];
   for (int i = threadIdx.x; i < heads; i += kRegThreads) ws[i] = w[r * heads + i];
   __syncthreads();
-  if (t >= t_len) return;
-  if (t >= vis) {
-    out[r * t_len + t] = kNegInf;
-    return;
-  }
-  float k[kRegHd];
-  if constexpr (kPacked) {
-    // rows are 4-byte aligned (68 = 17 x 4)
-    const uint32_t* row = reinterpret_cast<const uint32_t*>(cache + static_cast<int64_t>(slots[first_key + t]) *
-                                                                         kPackedIndexRow);
-    uint32_t words[kPackedIndexRow / 4];
-#pragma unroll
-    for (int j = 0; j < kPackedIndexRow / 4; ++j) words[j] = __ldg(row + j);
-    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(words);
-#pragma unroll
-    for (int i = 0; i < kRegHd; ++i) k[i] = cuda::dq::fp4_ue8m0_dequant_at(bytes, bytes + kRegHd / 2, i);
-  } else {
-    const float4* kp = reinterpret_cast<const float4*>(keys + (first_key + t) * kRegHd);
-#pragma unroll
-    for (int j = 0; j < kRegHd / 4; ++j) {
-      const float4 v = kp[j];
-      k[4 * j] = v.x, k[4 * j + 1] = v.y, k[4 * j + 2] = v.z, k[4 * j + 3] = v.w;
-    }
-  }
+  const bool live = t < t_len && t < vis;
+  if (t < t_len && !live && part == 0) out[r * t_len + t] = kNegInf;
   float acc = 0;
-  for (int h = 0; h < heads; ++h) {
-    const float4* qh = qs + h * (kRegHd / 4);
-    float c[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // cpu::dot's chains: c[j] sums the products i = j mod 8
+  if (live) {
+    float k[kRegHd];
+    if constexpr (kPacked) {
+      // rows are 4-byte aligned (68 = 17 x 4)
+      const uint32_t* row = reinterpret_cast<const uint32_t*>(cache + static_cast<int64_t>(slots[first_key + t]) *
+                                                                           kPackedIndexRow);
+      uint32_t words[kPackedIndexRow / 4];
 #pragma unroll
-    for (int i = 0; i < kRegHd / 8; ++i) {
-      const float4 a = qh[2 * i], b = qh[2 * i + 1];
-      c[0] = __fadd_rn(c[0], __fmul_rn(a.x, k[8 * i]));
-      c[1] = __fadd_rn(c[1], __fmul_rn(a.y, k[8 * i + 1]));
-      c[2] = __fadd_rn(c[2], __fmul_rn(a.z, k[8 * i + 2]));
-      c[3] = __fadd_rn(c[3], __fmul_rn(a.w, k[8 * i + 3]));
-      c[4] = __fadd_rn(c[4], __fmul_rn(b.x, k[8 * i + 4]));
-      c[5] = __fadd_rn(c[5], __fmul_rn(b.y, k[8 * i + 5]));
-      c[6] = __fadd_rn(c[6], __fmul_rn(b.z, k[8 * i + 6]));
-      c[7] = __fadd_rn(c[7], __fmul_rn(b.w, k[8 * i + 7]));
+      for (int j = 0; j < kPackedIndexRow / 4; ++j) words[j] = __ldg(row + j);
+      // fp4_ue8m0_dequant_at on the words held in registers: value i is nibble i % 8 of word i / 8, its
+      // scale byte i / 32 of word 16. An E2M1 value times a power of two is a bf16 value, so the
+      // rounding to bf16 matters only for a NaN scale (0xFF).
+#pragma unroll
+      for (int b = 0; b < kRegHd / 32; ++b) {
+        const uint8_t sbyte = static_cast<uint8_t>(words[kRegHd / 8] >> (8 * b));
+        const float scale = cuda::e8m0_to_float(sbyte);
+#pragma unroll
+        for (int i = 32 * b; i < 32 * b + 32; ++i) {
+          const float v = __fmul_rn(cuda::dq::e2m1_to_float_fast((words[i / 8] >> (4 * (i % 8))) & 0xFu), scale);
+          k[i] = sbyte == 0xFF ? cuda::round_bf16(v) : v;
+        }
+      }
+    } else {
+      const float4* kp = reinterpret_cast<const float4*>(keys + (first_key + t) * kRegHd);
+#pragma unroll
+      for (int j = 0; j < kRegHd / 4; ++j) {
+        const float4 v = kp[j];
+        k[4 * j] = v.x, k[4 * j + 1] = v.y, k[4 * j + 2] = v.z, k[4 * j + 3] = v.w;
+      }
     }
-    float qk = cuda::round_bf16(cuda::sum_dot_chains(c, 0.0f));  // hd % 8 == 0: the tail is empty (+0)
-    qk = qk < 0.0f ? 0.0f : qk;  // std::max(qk, 0.0f)
-    acc = __fadd_rn(acc, cuda::round_bf16(__fmul_rn(qk, ws[h])));
+    for (int h = part; h < heads; h += kSplit) {
+      const float4* qh = qs + h * kQStride;
+      float c[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // cpu::dot's chains: c[j] sums the products i = j mod 8
+#pragma unroll
+      for (int i = 0; i < kRegHd / 8; ++i) {
+        const float4 a = qh[2 * i], b = qh[2 * i + 1];
+        c[0] = __fadd_rn(c[0], __fmul_rn(a.x, k[8 * i]));
+        c[1] = __fadd_rn(c[1], __fmul_rn(a.y, k[8 * i + 1]));
+        c[2] = __fadd_rn(c[2], __fmul_rn(a.z, k[8 * i + 2]));
+        c[3] = __fadd_rn(c[3], __fmul_rn(a.w, k[8 * i + 3]));
+        c[4] = __fadd_rn(c[4], __fmul_rn(b.x, k[8 * i + 4]));
+        c[5] = __fadd_rn(c[5], __fmul_rn(b.y, k[8 * i + 5]));
+        c[6] = __fadd_rn(c[6], __fmul_rn(b.z, k[8 * i + 6]));
+        c[7] = __fadd_rn(c[7], __fmul_rn(b.w, k[8 * i + 7]));
+      }
+      float qk = cuda::round_bf16(cuda::sum_dot_chains(c, 0.0f));  // hd % 8 == 0: the tail is empty (+0)
+      qk = qk < 0.0f ? 0.0f : qk;  // std::max(qk, 0.0f)
+      const float term = cuda::round_bf16(__fmul_rn(qk, ws[h]));
+      if constexpr (kSplit == 1) acc = __fadd_rn(acc, term);
+      else terms[key * heads + h] = term;
+    }
   }
-  out[r * t_len + t] = cuda::round_bf16(acc);
+  if constexpr (kSplit > 1) {
+    __syncthreads();
+    if (!live || part != 0) return;
+    for (int h = 0; h < heads; ++h) acc = __fadd_rn(acc, terms[key * heads + h]);
+  }
+  if (live) out[r * t_len + t] = cuda::round_bf16(acc);
+}
+
+// index_scores_reg_kernel over rows [0, s) x keys [0, t_len): 8 or 4 threads per key while one
+// thread per key would fill at most a quarter / half of the SMs (batch 1 - 2 at 4K keys), else one
+// (at batch 8 the 4 threads' repeated key decoding cost more than the wider grid gained: 30.8 against
+// 21.4 us per call on an H100).
+template <bool kPacked>
+void launch_index_scores_reg(const float* q, int heads, const float* keys, const uint8_t* cache, const int32_t* slots,
+                             const int64_t* key_off, int64_t t_len, const float* w, const int64_t* visible, int64_t s,
+                             float* out) {
+  static const bool allowed = env_switch_on("DEEPINFER_INDEX_SPLIT");
+  const int64_t ctas = (t_len + kRegThreads - 1) / kRegThreads * s, sms = cuda::sm_count();
+  const int split = !allowed ? 1 : ctas <= sms / 4 ? 8 : ctas <= sms / 2 ? 4 : 1;
+  const int keys_per_cta = kRegThreads / split;
+  const size_t smem = static_cast<size_t>(heads) * (4 * kQStride + 1 + (split > 1 ? keys_per_cta : 0)) * sizeof(float);
+  const unsigned tiles = static_cast<unsigned>((t_len + keys_per_cta - 1) / keys_per_cta);
+  auto kernel = split == 8 ? index_scores_reg_kernel<kPacked, 8>
+                : split == 4 ? index_scores_reg_kernel<kPacked, 4>
+                             : index_scores_reg_kernel<kPacked, 1>;
+  for (int64_t row0 = 0; row0 < s; row0 += 65535) {
+    const unsigned nb = static_cast<unsigned>(std::min<int64_t>(65535, s - row0));
+    ::di::cuda::launch(kernel, dim3(tiles, nb), kRegThreads, smem, q, heads, keys, cache, slots, key_off, t_len, w, visible,
+                       row0, out);
+  }
 }
 
 // keys[j] = unpack of cache row slots[j] (dim values), one thread per value.
@@ -548,8 +597,10 @@ __global__ void unpack_slots_kernel(const uint8_t* __restrict__ cache, int64_t r
 // ---- candidate blocks -----------------------------------------------------------------------------
 
 // bs[r, b] = max of block b of row r (std::max order), the query's newest block pinned to +inf.
+// bs[r, b] = max of block b of row r (+inf for the row's newest block), flags[r, b] = 0.
 __global__ void block_max_kernel(const float* __restrict__ scores, int64_t width, int block_size, int64_t n_blocks,
-                                 const int64_t* __restrict__ last, int64_t total, float* __restrict__ bs) {
+                                 const int64_t* __restrict__ last, int64_t total, float* __restrict__ bs,
+                                 uint8_t* __restrict__ flags) {
   ::di::cuda::grid_dependency_wait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -559,6 +610,27 @@ __global__ void block_max_kernel(const float* __restrict__ scores, int64_t width
     for (int64_t p = b * block_size; p < std::min<int64_t>(width, (b + 1) * block_size); ++p)
       m = cuda::attn::std_max(m, sc[p]);
     bs[e] = b == last[r] ? std::numeric_limits<float>::infinity() : m;
+    flags[e] = 0;
+  }
+}
+
+// The candidate mask when every reachable block is kept (keep >= reach on every row, as at contexts
+// up to topk_blocks x block_size): mask[r, p] = 1 for p in a block b < reach[r] that is the row's
+// newest or holds a value > -inf (the blocks mark_blocks_kernel would mark), else 0. One pass
+// instead of block_max, the top-k and mark / expand.
+__global__ void reachable_blocks_kernel(const float* __restrict__ scores, int64_t width, int block_size,
+                                        int64_t n_blocks, const int64_t* __restrict__ last, int64_t total,
+                                        uint8_t* __restrict__ mask) {
+  ::di::cuda::grid_dependency_wait();
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / width, b = e % width / block_size, lr = last[r];
+    const int64_t reach = lr >= 0 ? std::min<int64_t>(n_blocks, lr + 1) : 0;
+    bool keep = b < reach && b == lr;
+    const float* sc = scores + r * width;
+    for (int64_t p = b * block_size; b < reach && !keep && p < std::min<int64_t>(width, (b + 1) * block_size); ++p)
+      keep = sc[p] > kNegInf;
+    mask[e] = keep ? 1 : 0;
   }
 }
 
@@ -730,14 +802,8 @@ Tensor CudaBackend::index_scores(const Tensor& q, int heads, const Tensor& keys,
   (void)attr_set;
   Scratch vis = cuda::attn::upload(visible), offs = cuda::attn::upload(key_offsets);
   if (hd == kRegHd && heads <= 64) {  // keys in registers, the query row in <= 32 KB of shared memory
-    const size_t smem = static_cast<size_t>(heads) * (kRegHd + 1) * sizeof(float);
-    const unsigned reg_tiles = static_cast<unsigned>((t_len + kRegThreads - 1) / kRegThreads);
-    for (int64_t row0 = 0; row0 < s; row0 += 65535) {
-      const unsigned nb = static_cast<unsigned>(std::min<int64_t>(65535, s - row0));
-      ::di::cuda::launch(index_scores_reg_kernel<false>, dim3(reg_tiles, nb), kRegThreads, smem, q.f32(), heads,
-                         keys.f32(), nullptr, nullptr, offs.as<int64_t>(), t_len, w.f32(), vis.as<int64_t>(), row0,
-                         out.f32());
-    }
+    launch_index_scores_reg<false>(q.f32(), heads, keys.f32(), nullptr, nullptr, offs.as<int64_t>(), t_len, w.f32(),
+                                   vis.as<int64_t>(), s, out.f32());
     return out;
   }
   const unsigned tiles = static_cast<unsigned>((t_len + tile - 1) / tile);
@@ -769,13 +835,8 @@ Tensor CudaBackend::index_scores_packed(const Tensor& q, int heads, const Tensor
   Tensor out = alloc(TType::kF32, {s, t_len});
   if (s == 0 || t_len == 0) return out;
   Scratch vis = cuda::attn::upload(visible), offs = cuda::attn::upload(key_offsets);
-  const size_t smem = static_cast<size_t>(heads) * (kRegHd + 1) * sizeof(float);
-  const unsigned reg_tiles = static_cast<unsigned>((t_len + kRegThreads - 1) / kRegThreads);
-  for (int64_t row0 = 0; row0 < s; row0 += 65535) {
-    const unsigned nb = static_cast<unsigned>(std::min<int64_t>(65535, s - row0));
-    ::di::cuda::launch(index_scores_reg_kernel<true>, dim3(reg_tiles, nb), kRegThreads, smem, q.f32(), heads, nullptr,
-                       cache.u8(), slots.i32(), offs.as<int64_t>(), t_len, w.f32(), vis.as<int64_t>(), row0, out.f32());
-  }
+  launch_index_scores_reg<true>(q.f32(), heads, nullptr, cache.u8(), slots.i32(), offs.as<int64_t>(), t_len, w.f32(),
+                                vis.as<int64_t>(), s, out.f32());
   return out;
 }
 
@@ -784,39 +845,35 @@ Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<in
   const int64_t s = scores.rows(), width = scores.row_size();
   DI_CHECK(block_size > 0 && topk_blocks >= 0 && static_cast<int64_t>(visible.size()) == s);
   const int64_t n_blocks = (width + block_size - 1) / block_size;
-  Tensor mask = zeros(TType::kU8, {s, width});
+  Tensor mask = alloc(TType::kU8, {s, width});  // every byte written below
   if (s == 0 || n_blocks == 0) return mask;
   const int64_t keep = std::min<int64_t>(topk_blocks, n_blocks);
   std::vector<int64_t> last(s), reach(s), kr(s);
+  bool keeps_all = ties == TieBreak::kLowestIndex;  // the lowest-index top-k of reach blocks out of reach: all
   for (int64_t r = 0; r < s; ++r) {
     last[r] = visible[r] > 0 ? (visible[r] - 1) / block_size : -1;
     reach[r] = last[r] >= 0 ? std::min<int64_t>(n_blocks, last[r] + 1) : 0;
     kr[r] = std::min(keep, reach[r]);
+    keeps_all = keeps_all && kr[r] == reach[r];
   }
-  // Block scores [S, n_blocks] with the newest block pinned.
-  Scratch bs(static_cast<size_t>(s * n_blocks) * sizeof(float)), last_dev = cuda::attn::upload(last);
+  Scratch last_dev = cuda::attn::upload(last);
+  if (keeps_all) {
+    ::di::cuda::launch(reachable_blocks_kernel, elem_blocks(s * width), kElemThreads, 0, scores.f32(), width, block_size,
+                       n_blocks, last_dev.as<int64_t>(), s * width, mask.u8());
+    return mask;
+  }
+  // Block scores [S, n_blocks] with the newest block pinned; flags [S, n_blocks] of the kept blocks.
+  Scratch bs(static_cast<size_t>(s * n_blocks) * sizeof(float)), flags(static_cast<size_t>(s * n_blocks));
   ::di::cuda::launch(block_max_kernel, elem_blocks(s * n_blocks), kElemThreads, 0, scores.f32(), width, block_size,
-                     n_blocks, last_dev.as<int64_t>(), s * n_blocks, bs.as<float>());
-  Scratch flags;
-  if (ties == TieBreak::kTorch) {
-    // Reference-compatibility path: torch.topk's choice among ties (torch_select.h on the device).
-    flags = Scratch(static_cast<size_t>(s * n_blocks));
-    DI_CUDA_CHECK(cudaMemsetAsync(flags.as<uint8_t>(), 0, static_cast<size_t>(s * n_blocks), cuda::current_stream()));
-    if (keep > 0) {
-      Scratch list(static_cast<size_t>(s * keep) * sizeof(int32_t));
+                     n_blocks, last_dev.as<int64_t>(), s * n_blocks, bs.as<float>(), flags.as<uint8_t>());
+  if (keep > 0) {
+    Scratch list(static_cast<size_t>(s * keep) * sizeof(int32_t));
+    if (ties == TieBreak::kTorch)  // reference-compatibility path: torch.topk's choice among ties (torch_select.h)
       cuda::attn::topk_torch(bs.as<float>(), s, n_blocks, n_blocks, keep, list.as<int32_t>());
-      ::di::cuda::launch(mark_blocks_kernel, elem_blocks(s * keep), kElemThreads, 0, list.as<int32_t>(), keep,
-                         bs.as<float>(), n_blocks, s * keep, flags.as<uint8_t>());
-    }
-  } else {
-    flags = Scratch(static_cast<size_t>(s * n_blocks));
-    DI_CUDA_CHECK(cudaMemsetAsync(flags.as<uint8_t>(), 0, static_cast<size_t>(s * n_blocks), cuda::current_stream()));
-    if (keep > 0) {
-      Scratch list(static_cast<size_t>(s * keep) * sizeof(int32_t));
+    else
       cuda::attn::topk_lowest_index(bs.as<float>(), s, n_blocks, reach, kr, keep, 0, list.as<int32_t>());
-      ::di::cuda::launch(mark_blocks_kernel, elem_blocks(s * keep), kElemThreads, 0, list.as<int32_t>(), keep,
-                         bs.as<float>(), n_blocks, s * keep, flags.as<uint8_t>());
-    }
+    ::di::cuda::launch(mark_blocks_kernel, elem_blocks(s * keep), kElemThreads, 0, list.as<int32_t>(), keep,
+                       bs.as<float>(), n_blocks, s * keep, flags.as<uint8_t>());
   }
   ::di::cuda::launch(expand_blocks_kernel, elem_blocks(s * width), kElemThreads, 0, flags.as<uint8_t>(), n_blocks,
                      width, block_size, s * width, mask.u8());

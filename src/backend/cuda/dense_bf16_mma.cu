@@ -205,8 +205,8 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
   // counters: the tile's last split CTA sums the splits' partials (mma::fixup_rows)
   if (!counters || !split_last_arrival(counters + blockIdx.y * gridDim.x + blockIdx.x, static_cast<int>(gridDim.z)))
     return;
-  static_assert(kMmaThreads == kRowsPerCta, "one fix-up thread per row");
-  mma::fixup_rows(partial, y, blockIdx.x * kRowsPerCta, t0, tokens, S, N, static_cast<int>(gridDim.z), bf16_out);
+  mma::fixup_rows(partial, y, blockIdx.x * kRowsPerCta, kRowsPerCta, t0, tokens, S, N, static_cast<int>(gridDim.z),
+                  bf16_out);
 }
 
 // DEEPINFER_SKIP_ZERO_LO=0 runs the lo MMAs of every chunk (A/B of the skip; same results)
@@ -217,25 +217,31 @@ bool skip_zero_lo() {
 
 // K splits: a CTA streams its rows' weights one 64-wide chunk at a time, so few row CTAs (wo_a: 32 of
 // 256 rows) leave most SMs idle and each warp a long chain of chunks. Split K until about two CTAs
-// per SM, each split >= kMinSplitChunks chunks; results are summed in split order by the tile's last
-// CTA when tokens x splits is small (the quantized linears' rule: at batch 1 the reduce launch cost
-// ~3 us of a ~20 us wo_a), else by reduce_splits. Splits of 3 chunks rather than 8: the indexer's and
-// compressors' narrow projections ([32 - 256, 5120]: 1-2 row CTAs) took 12-20 us each at 10 splits,
-// 9-17 us at 20 (ncu on an H100, bench/RESULTS.md); at batch 8, 26 splits still fit the fix-up's rounds.
+// per SM, down to one chunk per split, as long as the tile's last CTA can sum the splits in
+// kPlanFixupRounds rounds (mma::fixup_rounds); else no finer than kMinSplitChunks chunks. The plan
+// does not depend on DEEPINFER_FIXUP_ROUNDS, which only picks who sums (fix-up or reduce_splits:
+// the same bits). The indexer's and compressors' narrow projections ([32 - 256,
+// 5120]: 1-2 row CTAs) took 12-20 us each at 10 splits, 9-17 us at 26 (3 chunks); their kernels
+// alone were 2-3x faster again at 1-2 chunks (ncu on an H100, bench/RESULTS.md) once the fix-up
+// spread over the CTA's threads.
 constexpr int64_t kMinSplitChunks = 3;
+constexpr int64_t kPlanFixupRounds = 8;
 
 template <MmaWeight F, int NT>
 void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y,
                const RopeArgs& x_rope) {
-  const int64_t ctas = (w.rows + kRowsPerCta - 1) / kRowsPerCta * ((S + 8 * NT - 1) / (8 * NT));
-  const int64_t chunks = w.cols / kChunk;
-  const int64_t splits = std::clamp<int64_t>(264 / ctas, 1, std::max<int64_t>(1, chunks / kMinSplitChunks));
+  const int64_t row_ctas = (w.rows + kRowsPerCta - 1) / kRowsPerCta, tok_ctas = (S + 8 * NT - 1) / (8 * NT);
+  const int64_t ctas = row_ctas * tok_ctas, chunks = w.cols / kChunk;
+  const int64_t tile_outputs = std::min<int64_t>(w.rows, kRowsPerCta) * std::min<int64_t>(S, 8 * NT);
+  const int64_t coarse = std::clamp<int64_t>(264 / ctas, 1, std::max<int64_t>(1, chunks / kMinSplitChunks));
+  int64_t splits = std::clamp<int64_t>(264 / ctas, 1, chunks);
+  while (splits > coarse && mma::fixup_rounds(tile_outputs, kMmaThreads, splits) > kPlanFixupRounds) --splits;
   const int64_t per_split = (chunks + splits - 1) / splits * kChunk;
   const int64_t used = (w.cols + per_split - 1) / per_split;
   float* partial = used > 1 ? workspace_as<float>(Ws::kPartial, static_cast<size_t>(used * S * w.rows)) : nullptr;
   const dim3 grid(static_cast<unsigned>((w.rows + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>((S + 8 * NT - 1) / (8 * NT)),
                   static_cast<unsigned>(used));
-  const bool fixup = partial && mma::fixup_in_kernel(std::min<int64_t>(S, 8 * NT), used);
+  const bool fixup = partial && mma::fixup_in_kernel(tile_outputs, kMmaThreads, used);
   unsigned* counters = fixup ? workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(grid.x) * grid.y) : nullptr;
   ::di::cuda::launch(bf16_mma_kernel<NT, F>, grid, kMmaThreads, 0, x, x_stride, rows_per_group, static_cast<int>(S),
                      wdata(w), F == MmaWeight::kFp8Block ? wscale(w) : nullptr, w.scale_cols, static_cast<int>(w.rows),

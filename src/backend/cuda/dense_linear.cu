@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(mma::kThreads, mma::kMinCtas<NT>)
     partial[(static_cast<int64_t>(split) * M + t0 + t) * N + r] = v;
   });
   if (!fixup || !split_last_arrival(counters + blockIdx.z * gridDim.x + blockIdx.x, splits)) return;
-  fixup_rows(partial, y, blockIdx.x * kCtaRows, t0, count, M, N, splits, true);
+  fixup_rows(partial, y, blockIdx.x * kCtaRows, kCtaRows, t0, count, M, N, splits, true);
 }
 
 // y[i] = sum over splits of partial[sp][i] (bf16-rounded when bf16_out), i < M*N, in split order.
@@ -164,7 +164,7 @@ __global__ void reduce_splits_kernel(const float* __restrict__ partial, int spli
   ::di::cuda::grid_dependency_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= mn) return;
-  const float v = mma::sum_splits(partial + i, mn, splits);
+  const float v = mma::sum_splits<mma::kFixupLoads>(partial + i, mn, splits);
   y[i] = bf16_out ? dq::round_bf16(v) : v;
 }
 
@@ -219,7 +219,8 @@ bool launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
                        plan.splits, false, nullptr, nullptr, y, rope);
     return true;
   }
-  const bool fixup = mma::fixup_in_kernel(std::min<int64_t>(M, mma::kTokTile), plan.splits);
+  const bool fixup =
+      mma::fixup_in_kernel(std::min<int64_t>(M, mma::kTokTile) * std::min<int64_t>(N, mma::kCtaRows), mma::kThreads, plan.splits);
   float* partial = nullptr;
   unsigned* counters = nullptr;
   if (plan.splits > 1) {

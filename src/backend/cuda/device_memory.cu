@@ -9,7 +9,9 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/device_memory.cuh"
+#include "backend/cuda/pdl_launch.cuh"
 #include "backend/cuda/side_stream.cuh"
+#include "core/env_switch.h"
 
 namespace di::cuda {
 namespace {
@@ -50,6 +52,35 @@ T& per_device(int device) {
   static auto* all = new std::array<T, kMaxDevices>();
   DI_CHECK_MSG(device >= 0 && device < kMaxDevices, "CUDA device index out of range");
   return (*all)[static_cast<size_t>(device)];
+}
+
+// Uploads of at most kBytes travel as a kernel's parameters: the kernel is one more PDL launch in the
+// stream, where a copy would make the next kernel wait for it without overlap (an op's few row
+// lengths or pointers; a Full layer made about ten such copies per step).
+template <size_t kBytes>
+struct ParamBytes {
+  uint4 v[kBytes / 16];
+};
+
+template <size_t kBytes>
+__global__ void store_param_bytes_kernel(ParamBytes<kBytes> src, uint8_t* __restrict__ dst, uint32_t bytes) {
+  ::di::cuda::grid_dependency_wait();  // dst may be a block the kernels before this one still read
+  const auto* b = reinterpret_cast<const uint8_t*>(src.v);
+  for (uint32_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = b[i];
+}
+
+template <size_t kBytes>
+void store_param_bytes(void* dst, const void* src, size_t bytes) {
+  ParamBytes<kBytes> p;
+  std::memcpy(p.v, src, bytes);
+  ::di::cuda::launch(store_param_bytes_kernel<kBytes>, 1, 128, 0, p, static_cast<uint8_t*>(dst),
+                     static_cast<uint32_t>(bytes));
+}
+
+// DEEPINFER_PARAM_UPLOADS=0 sends every upload through the staging ring (for measuring).
+bool param_uploads() {
+  static const bool on = env_switch_on("DEEPINFER_PARAM_UPLOADS");
+  return on;
 }
 
 int current_device() {
@@ -112,6 +143,8 @@ void defer_block_releases(bool on) {
 
 void upload_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
+  if (param_uploads() && bytes <= 256) return store_param_bytes<256>(dst, src, bytes);
+  if (param_uploads() && bytes <= 2048) return store_param_bytes<2048>(dst, src, bytes);
   const int lane = stream_lane();
   const cudaStream_t stream = current_stream();
   if (bytes > UploadRing::kHalf / 4) {  // large (prefill lists): the driver's own staging, waited for

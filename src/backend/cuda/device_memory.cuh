@@ -6,8 +6,10 @@
 // behind the ones still reading it). A free-list pop / push replaces cudaMallocAsync /
 // cudaFreeAsync, about a microsecond of host time each, for the hundreds of tensors of a step.
 //
-// Uploads go through a pinned staging ring: from pageable memory the driver stages the copy itself
-// (and may wait for the stream); from pinned memory cudaMemcpyAsync returns at once.
+// Uploads of up to 2 KB are a one-CTA kernel carrying the bytes as its parameters (a PDL launch, so
+// the kernels around it still overlap); larger ones go through a pinned staging ring: from pageable
+// memory the driver stages the copy itself (and may wait for the stream); from pinned memory
+// cudaMemcpyAsync returns at once.
 #pragma once
 
 #include <cstddef>

@@ -411,36 +411,100 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   }
 }
 
-// sum_{sp < splits} p[sp * split_stride] in split order, 8 loads in flight (L2: other CTAs wrote them).
+// sum_{sp < splits} p[sp * split_stride] in split order, kInFlight loads in flight (L2: other CTAs
+// wrote them).
+template <int kInFlight = 8>
 __device__ __forceinline__ float sum_splits(const float* p, int64_t split_stride, int splits) {
   float s = 0.0f;
-  for (int sp0 = 0; sp0 < splits; sp0 += 8) {
-    float v[8];
+  for (int sp0 = 0; sp0 < splits; sp0 += kInFlight) {
+    float v[kInFlight];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = sp0 + j < splits ? __ldcg(p + static_cast<int64_t>(sp0 + j) * split_stride) : 0.0f;
+    for (int j = 0; j < kInFlight; ++j)
+      v[j] = sp0 + j < splits ? __ldcg(p + static_cast<int64_t>(sp0 + j) * split_stride) : 0.0f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < kInFlight; ++j)
       if (sp0 + j < splits) s += v[j];
   }
   return s;
 }
 
-// Whether a launch's K splits are summed by each tile's last CTA (split_last_arrival + fixup_rows)
-// rather than by a reduce_splits launch: while the fix-up is a few rounds of L2 latency (fixup_rows
-// loads kFixupTokens tokens x 8 splits per round), the last CTA adds the sums faster than a second
-// launch starts and drains; past that its serial rounds cost more. DEEPINFER_FIXUP_ROUNDS sets the
-// limit (default 8: batch 8 with up to 64 splits; 0 = always reduce_splits).
-inline constexpr int kFixupTokens = 4;
-inline bool fixup_in_kernel(int64_t tile_tokens, int64_t splits) {
-  return (tile_tokens + kFixupTokens - 1) / kFixupTokens * ((splits + 7) / 8) <= fixup_max_rounds();
+// The split fix-up: the last CTA of a tile sums its rows x tokens outputs over the splits, the outputs
+// spread over all of the CTA's threads (a narrow projection's 32 rows leave most threads without a
+// row of their own), kFixupLoads partials in flight per thread: 4 outputs x 8 splits, 2 x 16 or
+// 1 x 32 by how many outputs a thread has. A round is one L2 round trip.
+inline constexpr int kFixupLoads = 32;
+__host__ __device__ inline int fixup_outputs_per_load(int64_t per_thread) {
+  return per_thread >= 4 ? 4 : per_thread >= 2 ? 2 : 1;
+}
+__host__ __device__ inline int64_t fixup_rounds(int64_t outputs, int threads, int64_t splits) {
+  const int64_t per_thread = (outputs + threads - 1) / threads;
+  const int g = fixup_outputs_per_load(per_thread);
+  return (per_thread + g - 1) / g * ((splits + kFixupLoads / g - 1) / (kFixupLoads / g));
 }
 
-// The last CTA's fix-up of a tile: thread t sums row row0 + t of tokens t0 .. t0 + count - 1 over the
-// splits' partials [splits][M, N], each token's sum in split order from zero (as reduce_splits does:
-// the same bits). kFixupTokens tokens x 8 splits load at a time: the loads are independent, only each
-// token's adds are ordered.
-__device__ __forceinline__ void fixup_rows(const float* partial, float* y, int row0, int t0, int count, int M, int N,
-                                           int splits, bool bf16_out) {
+// Whether a launch's K splits are summed by each tile's last CTA (split_last_arrival + fixup_rows)
+// rather than by a reduce_splits launch: while the fix-up is a few rounds of L2 latency, the last CTA
+// adds the sums faster than a second launch starts and drains; past that its serial rounds cost
+// more. DEEPINFER_FIXUP_ROUNDS sets the limit (default 8; 0 = always reduce_splits).
+inline bool fixup_in_kernel(int64_t tile_outputs, int threads, int64_t splits) {
+  return fixup_rounds(tile_outputs, threads, splits) <= fixup_max_rounds();
+}
+
+// G outputs at y[at[0 .. valid)], each the sum of its splits' partials (split stride `stride`) in
+// split order from zero (as reduce_splits does: the same bits); the loads are independent, only each
+// output's adds are ordered.
+template <int G>
+__device__ __forceinline__ void fixup_outputs(const float* partial, float* y, const int64_t (&at)[G], int valid,
+                                              int64_t stride, int splits, bool bf16_out) {
+  constexpr int J = kFixupLoads / G;
+  float s[G] = {};
+  for (int sp0 = 0; sp0 < splits; sp0 += J) {
+    float v[G][J];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+        v[g][j] = g < valid && sp0 + j < splits ? __ldcg(partial + (sp0 + j) * stride + at[g]) : 0.0f;
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+        if (sp0 + j < splits) s[g] += v[g][j];
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+    if (g < valid) y[at[g]] = bf16_out ? dq::round_bf16(s[g]) : s[g];
+}
+
+// The last CTA's fix-up of a tile: rows [row0, row0 + tile_rows) (clipped to N) x tokens
+// [t0, t0 + count) of y [M, N], from the splits' partials [splits][M, N]. Output o of the tile is
+// token o / rows, row o % rows (consecutive threads read consecutive rows); thread t takes outputs
+// t, t + threads, ...
+template <int G>
+__device__ __forceinline__ void fixup_tile(const float* partial, float* y, int row0, int rows, int t0, int outputs,
+                                           int M, int N, int splits, bool bf16_out) {
+  const int64_t stride = static_cast<int64_t>(M) * N;
+  const int threads = static_cast<int>(blockDim.x);
+  for (int o0 = static_cast<int>(threadIdx.x); o0 < outputs; o0 += G * threads) {
+    int64_t at[G];
+    int valid = 0;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int o = o0 + g * threads;
+      at[g] = o < outputs ? static_cast<int64_t>(t0 + o / rows) * N + row0 + o % rows : 0;
+      valid += o < outputs;
+    }
+    fixup_outputs<G>(partial, y, at, valid, stride, splits, bf16_out);
+  }
+}
+
+// One thread per row of a full-width tile (tile_rows == threads), kFixupTokens tokens x 8 splits in
+// flight: the same loads and additions as fixup_tile<4> where a thread has 8 outputs, in the form the
+// quantized linears measured fastest with (fixup_tile cost them 1-3 us more per call at batch 8 on
+// an H100, bench/RESULTS.md).
+inline constexpr int kFixupTokens = 4;
+__device__ __forceinline__ void fixup_row_per_thread(const float* partial, float* y, int row0, int t0, int count, int M,
+                                                     int N, int splits, bool bf16_out) {
   const int r = row0 + static_cast<int>(threadIdx.x);
   if (r >= N) return;
   const int64_t stride = static_cast<int64_t>(M) * N;
@@ -467,6 +531,21 @@ __device__ __forceinline__ void fixup_rows(const float* partial, float* y, int r
         const int64_t at = static_cast<int64_t>(t0 + tb + k) * N + r;
         y[at] = bf16_out ? dq::round_bf16(s[k]) : s[k];
       }
+  }
+}
+
+// The last CTA's fix-up of a tile of tile_rows rows: a thread per row when the tile's rows fill the
+// CTA's threads and a thread has >= 4 outputs, else the outputs spread over the threads (fixup_tile).
+__device__ __forceinline__ void fixup_rows(const float* partial, float* y, int row0, int tile_rows, int t0, int count,
+                                           int M, int N, int splits, bool bf16_out) {
+  const int rows = min(tile_rows, N - row0), outputs = rows * count;
+  if (outputs <= 0) return;
+  if (rows == static_cast<int>(blockDim.x) && count >= kFixupTokens)  // the rounds of fixup_tile<4>
+    return fixup_row_per_thread(partial, y, row0, t0, count, M, N, splits, bf16_out);
+  switch (fixup_outputs_per_load((outputs + blockDim.x - 1) / blockDim.x)) {
+    case 4: return fixup_tile<4>(partial, y, row0, rows, t0, outputs, M, N, splits, bf16_out);
+    case 2: return fixup_tile<2>(partial, y, row0, rows, t0, outputs, M, N, splits, bf16_out);
+    default: return fixup_tile<1>(partial, y, row0, rows, t0, outputs, M, N, splits, bf16_out);
   }
 }
 
