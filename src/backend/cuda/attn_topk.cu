@@ -88,40 +88,47 @@ __device__ void radix_threshold(const Key& key, int64_t m, int64_t kk, SelectSha
   need_out = rem;
 }
 
-// Visits the selected positions in index order: emit(pos, i) with pos = rank among the selected.
+// Visits the selected positions: emit(pos, i) with pos = rank among the selected in index order.
+// Selected: every key < t, and the first `need` keys == t in index order. So the rank of position i is
+// (keys < t before i) + min(keys == t before i, need), and one block-wide prefix of the two counts
+// places everything: warp w owns the positions [w * span, (w + 1) * span) in 32-wide steps, counts
+// them with ballots, the warps' totals are scanned once, then each warp walks its steps again and
+// emits. (The tile-by-tile version scanned the 16 warps' counts twice per 512 positions: at 4096
+// positions ~60% of the kernel's instructions.)
 template <class Key, class Emit>
-__device__ void compact_selected(const Key& key, int64_t m, int64_t kk, uint32_t t, uint32_t need, SelectShared& sh,
+__device__ void compact_selected(const Key& key, int64_t m, uint32_t t, uint32_t need, SelectShared& sh,
                                  const Emit& emit) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const unsigned lt_mask = (1u << lane) - 1u;
-  uint32_t ties_before = 0, sel_before = 0;  // over earlier tiles (block-uniform)
-  for (int64_t tile = 0; tile < m && sel_before < kk; tile += kSelThreads) {
-    const int64_t i = tile + threadIdx.x;
-    const bool in = i < m;
-    const uint32_t u = in ? key(i) : 0xffffffffu;
-    const bool less = in && u < t, tie = in && u == t;
-    const unsigned tb = __ballot_sync(0xffffffffu, tie);
-    if (lane == 0) sh.warp_a[warp] = static_cast<uint32_t>(__popc(tb));
-    __syncthreads();
-    uint32_t tie_rank = ties_before + static_cast<uint32_t>(__popc(tb & lt_mask)), tile_ties = 0;
-    for (int w = 0; w < kSelWarps; ++w) {
-      if (w < warp) tie_rank += sh.warp_a[w];
-      tile_ties += sh.warp_a[w];
-    }
-    const bool sel = less || (tie && tie_rank < need);
-    const unsigned sb = __ballot_sync(0xffffffffu, sel);
-    if (lane == 0) sh.warp_b[warp] = static_cast<uint32_t>(__popc(sb));
-    __syncthreads();
-    uint32_t pos = sel_before + static_cast<uint32_t>(__popc(sb & lt_mask)), tile_sel = 0;
-    for (int w = 0; w < kSelWarps; ++w) {
-      if (w < warp) pos += sh.warp_b[w];
-      tile_sel += sh.warp_b[w];
-    }
-    if (sel) emit(pos, i);
-    ties_before += tile_ties;
-    sel_before += tile_sel;
-    __syncthreads();  // warp_a / warp_b are rewritten by the next tile
+  const int64_t span = (m + kSelThreads - 1) / kSelThreads * 32;  // positions per warp, a multiple of 32
+  const int64_t w0 = warp * span, w1 = std::min(m, w0 + span);
+  auto masks = [&](int64_t i, unsigned& less, unsigned& tie) {
+    const uint32_t u = i < w1 ? key(i) : 0xffffffffu;
+    less = __ballot_sync(0xffffffffu, i < w1 && u < t);
+    tie = __ballot_sync(0xffffffffu, i < w1 && u == t);
+  };
+  uint32_t less_n = 0, tie_n = 0;  // this warp's counts (warp-uniform)
+  for (int64_t base = w0; base < w1; base += 32) {
+    unsigned less, tie;
+    masks(base + lane, less, tie);
+    less_n += static_cast<uint32_t>(__popc(less));
+    tie_n += static_cast<uint32_t>(__popc(tie));
   }
+  if (lane == 0) sh.warp_a[warp] = less_n, sh.warp_b[warp] = tie_n;
+  __syncthreads();
+  uint32_t less_before = 0, tie_before = 0;  // over the warps before this one
+  for (int w = 0; w < warp; ++w) less_before += sh.warp_a[w], tie_before += sh.warp_b[w];
+  for (int64_t base = w0; base < w1; base += 32) {
+    unsigned less, tie;
+    masks(base + lane, less, tie);
+    const uint32_t lb = less_before + static_cast<uint32_t>(__popc(less & lt_mask));
+    const uint32_t tb = tie_before + static_cast<uint32_t>(__popc(tie & lt_mask));
+    const bool is_less = (less >> lane) & 1u, is_tie = (tie >> lane) & 1u;
+    if (is_less || (is_tie && tb < need)) emit(lb + std::min(tb, need), base + lane);
+    less_before += static_cast<uint32_t>(__popc(less));
+    tie_before += static_cast<uint32_t>(__popc(tie));
+  }
+  __syncthreads();  // warp_a / warp_b are free again
 }
 
 // out[r, from .. out_k) = -1: the rest of a row past its selection.
@@ -154,11 +161,11 @@ __global__ void __launch_bounds__(kSelThreads) select_chunk_kernel(
     radix_threshold(key, len, kk, sh, t, need);
     if (final) {
       int32_t* o = out + r * out_k;
-      compact_selected(key, len, kk, t, need, sh,
+      compact_selected(key, len, t, need, sh,
                        [&](uint32_t pos, int64_t i) { o[pos] = static_cast<int32_t>(i + offset); });
     } else {
       const int64_t slot = (rb * n_chunks + c) * kmax;
-      compact_selected(key, len, kk, t, need, sh, [&](uint32_t pos, int64_t i) {
+      compact_selected(key, len, t, need, sh, [&](uint32_t pos, int64_t i) {
         cand_u[slot + pos] = key(i);
         cand_i[slot + pos] = static_cast<int32_t>(base + i);
       });
@@ -193,7 +200,7 @@ __global__ void __launch_bounds__(kSelThreads) select_candidates_kernel(
   auto key = [&](int64_t i) { return cand_u[at(i)]; };
   uint32_t t, need;
   radix_threshold(key, m, k, sh, t, need);
-  compact_selected(key, m, k, t, need, sh,
+  compact_selected(key, m, t, need, sh,
                    [&](uint32_t pos, int64_t i) { o[pos] = static_cast<int32_t>(cand_i[at(i)] + offset); });
 }
 
