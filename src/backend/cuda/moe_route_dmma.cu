@@ -205,7 +205,8 @@ __device__ __forceinline__ float sum_splits(const double* __restrict__ partial, 
   for (int j0 = 0; j0 < splits; j0 += kBatch) {
     double v[kBatch];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) v[u] = j0 + u < splits ? __ldcg(partial + (j0 + u) * n_out + i) : 0.0;
+    for (int u = 0; u < kBatch; ++u)  // clamped, not `? load : 0` (mma_gemm.cuh, kFixupLoads)
+      v[u] = __ldcg(partial + static_cast<int64_t>(min(j0 + u, splits - 1)) * n_out + i);
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
       if (j0 + u < splits) t += v[u];
