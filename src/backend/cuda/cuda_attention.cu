@@ -486,7 +486,7 @@ __global__ void __launch_bounds__(kRegThreads)
   ::di::cuda::grid_dependency_wait();
   constexpr int kKeys = kRegThreads / kSplit;  // keys per CTA
   extern __shared__ float4 smem4[];
-  const float4* qs = smem4;  // [heads, kQStride] float4: the parts of a warp read 4 heads, in distinct banks
+  const float4* qs = smem4;  // [heads, kQStride] float4: a warp's kSplit parts read kSplit heads in distinct banks
   float* ws = reinterpret_cast<float*>(smem4 + heads * kQStride);  // [heads]
   float* terms = ws + heads;                                      // [kKeys, heads] when kSplit > 1
   const int part = static_cast<int>(threadIdx.x) % kSplit, key = static_cast<int>(threadIdx.x) / kSplit;
@@ -596,8 +596,8 @@ __global__ void unpack_slots_kernel(const uint8_t* __restrict__ cache, int64_t r
 
 // ---- candidate blocks -----------------------------------------------------------------------------
 
-// bs[r, b] = max of block b of row r (std::max order), the query's newest block pinned to +inf.
-// bs[r, b] = max of block b of row r (+inf for the row's newest block), flags[r, b] = 0.
+// bs[r, b] = max of block b of row r (std::max order), the row's newest block pinned to +inf;
+// flags[r, b] = 0 (mark_blocks_kernel sets the kept ones).
 __global__ void block_max_kernel(const float* __restrict__ scores, int64_t width, int block_size, int64_t n_blocks,
                                  const int64_t* __restrict__ last, int64_t total, float* __restrict__ bs,
                                  uint8_t* __restrict__ flags) {
@@ -801,7 +801,7 @@ Tensor CudaBackend::index_scores(const Tensor& q, int heads, const Tensor& keys,
   }();
   (void)attr_set;
   Scratch vis = cuda::attn::upload(visible), offs = cuda::attn::upload(key_offsets);
-  if (hd == kRegHd && heads <= 64) {  // keys in registers, the query row in <= 32 KB of shared memory
+  if (hd == kRegHd && heads <= 64) {  // keys in registers, the query row in <= 40 KB of shared memory
     launch_index_scores_reg<false>(q.f32(), heads, keys.f32(), nullptr, nullptr, offs.as<int64_t>(), t_len, w.f32(),
                                    vis.as<int64_t>(), s, out.f32());
     return out;
