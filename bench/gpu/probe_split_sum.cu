@@ -13,31 +13,19 @@
 
 #include <cstdio>
 
-template <int K>
-__global__ void sum_branchy(const float* p, long stride, int splits, long n, float* y) {
+// kClamped: the split index clamped and the load unconditional; else `sp < splits ? load : 0`.
+template <int K, bool kClamped>
+__global__ void sum_splits(const float* p, long stride, int splits, long n, float* y) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float s = 0;
   for (int sp0 = 0; sp0 < splits; sp0 += K) {
     float v[K];
 #pragma unroll
-    for (int j = 0; j < K; ++j) v[j] = sp0 + j < splits ? __ldcg(p + static_cast<long>(sp0 + j) * stride + i) : 0.f;
-#pragma unroll
-    for (int j = 0; j < K; ++j)
-      if (sp0 + j < splits) s += v[j];
-  }
-  y[i] = s;
-}
-
-template <int K>
-__global__ void sum_clamped(const float* p, long stride, int splits, long n, float* y) {
-  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float s = 0;
-  for (int sp0 = 0; sp0 < splits; sp0 += K) {
-    float v[K];
-#pragma unroll
-    for (int j = 0; j < K; ++j) v[j] = __ldcg(p + static_cast<long>(min(sp0 + j, splits - 1)) * stride + i);
+    for (int j = 0; j < K; ++j) {
+      if constexpr (kClamped) v[j] = __ldcg(p + static_cast<long>(min(sp0 + j, splits - 1)) * stride + i);
+      else v[j] = sp0 + j < splits ? __ldcg(p + static_cast<long>(sp0 + j) * stride + i) : 0.f;
+    }
 #pragma unroll
     for (int j = 0; j < K; ++j)
       if (sp0 + j < splits) s += v[j];
@@ -64,9 +52,9 @@ int main() {
           fill<<<1024, 256>>>(p, n * splits);
           cudaEventRecord(a);
           const unsigned grid = static_cast<unsigned>((n + 255) / 256);
-          if (k == 0) sum_branchy<8><<<grid, 256>>>(p, n, splits, n, y);
-          if (k == 1) sum_branchy<32><<<grid, 256>>>(p, n, splits, n, y);
-          if (k == 2) sum_clamped<32><<<grid, 256>>>(p, n, splits, n, y);
+          if (k == 0) sum_splits<8, false><<<grid, 256>>>(p, n, splits, n, y);
+          if (k == 1) sum_splits<32, false><<<grid, 256>>>(p, n, splits, n, y);
+          if (k == 2) sum_splits<32, true><<<grid, 256>>>(p, n, splits, n, y);
           cudaEventRecord(b);
           cudaEventSynchronize(b);
           float ms = 0;
