@@ -128,7 +128,6 @@ __device__ void compact_selected(const Key& key, int64_t m, uint32_t t, uint32_t
     less_before += static_cast<uint32_t>(__popc(less));
     tie_before += static_cast<uint32_t>(__popc(tie));
   }
-  __syncthreads();  // warp_a / warp_b are free again
 }
 
 // out[r, from .. out_k) = -1: the rest of a row past its selection.

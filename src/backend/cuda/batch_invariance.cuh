@@ -56,8 +56,8 @@
 //    -> already invariant.
 //  - rmsnorm (one CTA per row, the CPU's order), index_scores (one thread per (row, position), the
 //    tile width from heads x hd; at 1-2 rows 8 or 4 threads per position, whose first thread adds the
-//    same head terms in the same order -> no bit changes), softmax_pool (serial per channel), engram_inject (one 256-thread CTA
-//    per (row, stream)) -> already invariant.
+//    same head terms in the same order -> no bit changes), softmax_pool (serial per channel),
+//    engram_inject (one 256-thread CTA per (row, stream)) -> already invariant.
 //  - select_candidates, topk_indices (attn_topk.cu): exact selections (the chunk count follows the
 //    widest row, but the selected index set does not depend on how it was found) -> invariant.
 //  - embed, rope, round_bf16, scale_bf16, qdq, pack_rows, unpack_rows, copy_rows, concat_cols,

@@ -579,8 +579,8 @@ void launch_index_scores_reg(const float* q, int heads, const float* keys, const
                              : index_scores_reg_kernel<kPacked, 1>;
   for (int64_t row0 = 0; row0 < s; row0 += 65535) {
     const unsigned nb = static_cast<unsigned>(std::min<int64_t>(65535, s - row0));
-    ::di::cuda::launch(kernel, dim3(tiles, nb), kRegThreads, smem, q, heads, keys, cache, slots, key_off, t_len, w, visible,
-                       row0, out);
+    ::di::cuda::launch(kernel, dim3(tiles, nb), kRegThreads, smem, q, heads, keys, cache, slots, key_off, t_len, w,
+                       visible, row0, out);
   }
 }
 
@@ -858,8 +858,8 @@ Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<in
   }
   Scratch last_dev = cuda::attn::upload(last);
   if (keeps_all) {
-    ::di::cuda::launch(reachable_blocks_kernel, elem_blocks(s * width), kElemThreads, 0, scores.f32(), width, block_size,
-                       n_blocks, last_dev.as<int64_t>(), s * width, mask.u8());
+    ::di::cuda::launch(reachable_blocks_kernel, elem_blocks(s * width), kElemThreads, 0, scores.f32(), width,
+                       block_size, n_blocks, last_dev.as<int64_t>(), s * width, mask.u8());
     return mask;
   }
   // Block scores [S, n_blocks] with the newest block pinned; flags [S, n_blocks] of the kept blocks.

@@ -239,8 +239,7 @@ void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, 
   const int64_t per_split = (chunks + splits - 1) / splits * kChunk;
   const int64_t used = (w.cols + per_split - 1) / per_split;
   float* partial = used > 1 ? workspace_as<float>(Ws::kPartial, static_cast<size_t>(used * S * w.rows)) : nullptr;
-  const dim3 grid(static_cast<unsigned>((w.rows + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>((S + 8 * NT - 1) / (8 * NT)),
-                  static_cast<unsigned>(used));
+  const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(tok_ctas), static_cast<unsigned>(used));
   const bool fixup = partial && mma::fixup_in_kernel(tile_outputs, kMmaThreads, used);
   unsigned* counters = fixup ? workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(grid.x) * grid.y) : nullptr;
   ::di::cuda::launch(bf16_mma_kernel<NT, F>, grid, kMmaThreads, 0, x, x_stride, rows_per_group, static_cast<int>(S),

@@ -219,8 +219,8 @@ bool launch_quantized(const float* x, int64_t M, const Weight& w, float* y, bool
                        plan.splits, false, nullptr, nullptr, y, rope);
     return true;
   }
-  const bool fixup =
-      mma::fixup_in_kernel(std::min<int64_t>(M, mma::kTokTile) * std::min<int64_t>(N, mma::kCtaRows), mma::kThreads, plan.splits);
+  const int64_t tile_outputs = std::min<int64_t>(M, mma::kTokTile) * std::min<int64_t>(N, mma::kCtaRows);
+  const bool fixup = mma::fixup_in_kernel(tile_outputs, mma::kThreads, plan.splits);
   float* partial = nullptr;
   unsigned* counters = nullptr;
   if (plan.splits > 1) {
