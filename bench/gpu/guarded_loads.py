@@ -3,7 +3,7 @@
     python3 bench/gpu/guarded_loads.py src/backend/cuda/fp8_gemv.cu [--kernel SUBSTRING ...]
 A load written `c ? load : 0` (or in an `if`) becomes `@%p bra` around the load, and each branch's join
 waits for its load: a batch of such loads costs one memory round trip per load, not one for the batch
-(bench/gpu/probe_split_sum.cu; cuda_common.cuh, "Clamped loads"). This compiles the file to PTX with
+(bench/gpu/probe_split_sum.cu, bench/RESULTS.md). This compiles the file to PTX with
 line info and lists, per kernel, the branches that skip global loads as "N branches x L loads at
 file:line". One branch over a whole batch (L large, N small) is harmless; many branches of one or two
 loads each in a hot loop are the pattern to remove."""
