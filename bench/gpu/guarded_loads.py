@@ -11,6 +11,7 @@ import argparse
 import collections
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,7 @@ def guarded(lines):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet when piped into head
     ap = argparse.ArgumentParser()
     ap.add_argument("cu", nargs="+")
     ap.add_argument("--kernel", action="append", default=[], help="only kernels whose name contains this")
