@@ -27,12 +27,15 @@ SCAN_LINES = 60  # how far past a branch to look for its skipped loads
 
 def ptx_of(cu):
     nvcc = os.environ.get("CUDACXX", "/usr/local/cuda/bin/nvcc")
-    out = os.path.join(tempfile.mkdtemp(), "k.ptx")
-    cmd = [nvcc, "-DDEEPINFER_HAVE_CUDA=1", "-I", os.path.join(ROOT, "src"), "-I", os.path.join(ROOT, "include"), "-O3",
-           "-std=c++20", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-lineinfo", "-ptx", cu,
-           "-o", out]
-    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
-    return open(out).read().split("\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "k.ptx")
+        cmd = [nvcc, "-DDEEPINFER_HAVE_CUDA=1", "-I", os.path.join(ROOT, "src"), "-I", os.path.join(ROOT, "include"),
+               "-O3", "-std=c++20", "-gencode=arch=compute_90a,code=sm_90a", "--expt-relaxed-constexpr", "-lineinfo",
+               "-ptx", cu, "-o", out]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.exit("guarded_loads: %s did not compile to PTX:\n%s" % (cu, run.stderr))
+        return open(out).read().split("\n")
 
 
 def guarded(lines):
