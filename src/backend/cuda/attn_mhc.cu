@@ -177,7 +177,8 @@ __global__ void __launch_bounds__(kFinThreads)
 #pragma unroll
       for (int q = 0; q < kFinLoads; ++q) {
         const int c = c0 + q * kGroups;
-        v[q] = c < splits ? p[static_cast<int64_t>(c - g) * kMix] : 0.0;
+        v[q] = p[static_cast<int64_t>(min(c, splits - 1) - g) * kMix];  // clamped loads: cuda_common.cuh
+        if (c >= splits) v[q] = 0.0;
       }
       acc += tree_sum<kFinLoads>(v);
     }
@@ -314,10 +315,11 @@ __global__ void __launch_bounds__(kPpnThreads)
   if (threadIdx.x < hc * hc) comb[threadIdx.x] = post_mix[r * post_mw + 2 * hc + threadIdx.x];
   float* xr = xn + r * d;
   const bool in = i < d;
-  const float yv = in ? y[r * d + i] : 0.0f;
+  const int64_t ic = min(i, d - 1);  // clamped loads (cuda_common.cuh): values past d or hc go unused
+  const float yv = y[r * d + ic];
   float rv[kMaxHc];
 #pragma unroll
-  for (int j = 0; j < kMaxHc; ++j) rv[j] = j < hc && in ? res[(r * hc + j) * d + i] : 0.0f;
+  for (int j = 0; j < kMaxHc; ++j) rv[j] = res[(r * hc + min(j, hc - 1)) * d + ic];
   __syncthreads();  // the mixes
   if (in) {
     float x = 0.0f;
@@ -342,9 +344,9 @@ __global__ void __launch_bounds__(kPpnThreads)
   for (int64_t p0 = threadIdx.x; p0 - threadIdx.x < d; p0 += kSpan) {  // the same trip count in every thread
 #pragma unroll
     for (int k = 0; k < kHeld; ++k) {
-      const int64_t p = p0 + k * kPpnThreads;
-      xv[k] = p < d ? __ldcg(xr + p) : 0.0f;
-      wv[k] = p < d ? cuda::attn::weight_elem(w, T, p) : 0.0f;
+      const int64_t p = min(p0 + k * kPpnThreads, d - 1);  // clamped loads: cuda_common.cuh
+      xv[k] = __ldcg(xr + p);
+      wv[k] = cuda::attn::weight_elem(w, T, p);
     }
 #pragma unroll
     for (int k = 0; k < kHeld; ++k)

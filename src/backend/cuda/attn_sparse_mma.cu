@@ -524,16 +524,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One CTA per (row, head); shared memory: the splits' m and weights e^(m_z - M). The sums are
-// explicit fmas: attn_values_merged_kernel computes them alike.
-__global__ void combine_splits_kernel(const float* __restrict__ part, int splits, int heads, int dh,
-                                      const uint8_t* sink, WType sink_t, float* __restrict__ out) {
+// One CTA per (row, head); shared memory: the splits' m (then weights e^(m_z - M)) and l. Every
+// thread loads the m and l of its splits at once and each its kCombineDims dims' partials of
+// kCombineSplits splits at a time, clamped (cuda_common.cuh): a round trip per 16 splits, not per dim
+// and split. The sums are explicit fmas in split order: attn_values_merged_kernel computes them alike.
+constexpr int kCombineThreads = 256, kCombineDims = 2, kCombineSplits = 16;
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_splits_kernel(const float* __restrict__ part, int splits, int heads, int dh, const uint8_t* sink,
+                          WType sink_t, float* __restrict__ out) {
   ::di::cuda::grid_dependency_wait();
-  extern __shared__ float wz[];  // [splits]
+  extern __shared__ float wz[];  // [2][splits]: m then e^(m_z - M); l
   __shared__ float shared_max, shared_total;
   const int64_t rh = blockIdx.x;
   const float* pp = part + rh * splits * (dh + 2);
-  for (int z = threadIdx.x; z < splits; z += blockDim.x) wz[z] = pp[z * (dh + 2) + dh];
+  for (int z = threadIdx.x; z < splits; z += kCombineThreads) {
+    const float mz = pp[z * (dh + 2) + dh], lz = pp[z * (dh + 2) + dh + 1];
+    wz[z] = mz, wz[splits + z] = lz;
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     float m = -1e30f;
@@ -542,26 +549,35 @@ __global__ void combine_splits_kernel(const float* __restrict__ part, int splits
   }
   __syncthreads();
   const float m = shared_max;
-  for (int z = threadIdx.x; z < splits; z += blockDim.x) wz[z] = expf(wz[z] - m);
+  for (int z = threadIdx.x; z < splits; z += kCombineThreads) wz[z] = expf(wz[z] - m);
   __syncthreads();
   if (threadIdx.x == 0) {
     float total = 0;
-    for (int z = 0; z < splits; ++z) total = __fmaf_rn(pp[z * (dh + 2) + dh + 1], wz[z], total);
+    for (int z = 0; z < splits; ++z) total = __fmaf_rn(wz[splits + z], wz[z], total);
     shared_total = total + expf(weight_elem(sink, sink_t, rh % heads) - m);
   }
   __syncthreads();
   const float total = shared_total;
-  for (int d = threadIdx.x; d < dh; d += blockDim.x) {
-    float a = 0;
-    for (int z0 = 0; z0 < splits; z0 += 8) {  // 8 loads in flight
-      float v[8];
+  for (int d0 = threadIdx.x; d0 < dh; d0 += kCombineDims * kCombineThreads) {
+    float a[kCombineDims] = {};
+    for (int z0 = 0; z0 < splits; z0 += kCombineSplits) {
+      float v[kCombineDims][kCombineSplits];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = z0 + i < splits ? pp[(z0 + i) * (dh + 2) + d] : 0.0f;
+      for (int j = 0; j < kCombineDims; ++j)
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (z0 + i < splits) a = __fmaf_rn(v[i], wz[z0 + i], a);
+        for (int i = 0; i < kCombineSplits; ++i)
+          v[j][i] = pp[min(z0 + i, splits - 1) * (dh + 2) + min(d0 + j * kCombineThreads, dh - 1)];
+#pragma unroll
+      for (int j = 0; j < kCombineDims; ++j)
+#pragma unroll
+        for (int i = 0; i < kCombineSplits; ++i)
+          if (z0 + i < splits) a[j] = __fmaf_rn(v[j][i], wz[z0 + i], a[j]);
     }
-    out[rh * dh + d] = round_bf16(a / total);
+#pragma unroll
+    for (int j = 0; j < kCombineDims; ++j) {
+      const int d = d0 + j * kCombineThreads;
+      if (d < dh) out[rh * dh + d] = round_bf16(a[j] / total);
+    }
   }
 }
 
@@ -682,7 +698,8 @@ void combine_splits(const float* part, int splits, int64_t rows, int heads, int 
                     float* out) {
   if (rows * heads == 0) return;
   DI_CHECK_MSG(rows * heads < (1LL << 31) && splits <= 8192, "sparse_attention: too many rows or list splits");
-  ::di::cuda::launch(combine_splits_kernel, static_cast<unsigned>(rows * heads), 128, static_cast<size_t>(splits) * 4,
+  ::di::cuda::launch(combine_splits_kernel, static_cast<unsigned>(rows * heads), kCombineThreads,
+                     static_cast<size_t>(splits) * 8,
                      part, splits, heads, dh, sink, sink_t, out);
 }
 

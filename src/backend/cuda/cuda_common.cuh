@@ -106,6 +106,43 @@ __device__ __forceinline__ float block_chains_total(float s) {
   return total;
 }
 
+// Clamped loads: `i < n ? x[i] : 0` (or an `if` around a load) compiles to a branch per load, and
+// each branch's join waits for its load, so a batch of such loads costs one memory round trip per
+// load (bench/gpu/probe_split_sum.cu: a sum over 80 splits ~14 us against ~1 us). Hot loops load
+// x[min(i, n - 1)] unconditionally and leave the extra values out of the arithmetic.
+
+// Where no clamped address is at hand, a predicated load: zeros when `on` is false, without a branch.
+// asm volatile: issued where written (a load whose value is used under a condition is otherwise
+// sunk into that condition's branch).
+__device__ __forceinline__ uint4 ldg16_if(bool on, const void* p) {
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %4, 0;\n @q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%5];\n}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "r"(static_cast<unsigned>(on)), "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ldg8_if(bool on, const void* p) {
+  uint2 v = make_uint2(0u, 0u);
+  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q ld.global.nc.v2.u32 {%0, %1}, [%3];\n}"
+      : "+r"(v.x), "+r"(v.y)
+      : "r"(static_cast<unsigned>(on)), "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t ldg4_if(bool on, const void* p) {
+  uint32_t v = 0u;
+  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %1, 0;\n @q ld.global.nc.u32 %0, [%2];\n}"
+      : "+r"(v)
+      : "r"(static_cast<unsigned>(on)), "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t ldg1_if(bool on, const void* p) {
+  uint32_t v = 0u;
+  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %1, 0;\n @q ld.global.nc.u8 %0, [%2];\n}"
+      : "+r"(v)
+      : "r"(static_cast<unsigned>(on)), "l"(p));
+  return v;
+}
+
 // cpu::sum_squares(x, n) bit for bit, computed by a CTA of 256 threads: thread t runs chain t (the
 // elements i = t mod 256, loads 32 at a time), then block_chains_total. Call from every thread of the
 // CTA, once. With cpu::dot's 8 chains this was a chain of n / 8 dependent adds (~5.6 us at n = 20480).
@@ -116,7 +153,7 @@ __device__ __forceinline__ float block_sum_squares_exact(const float* __restrict
   for (int64_t i0 = threadIdx.x; i0 < n; i0 += kBatch * kThreads) {
     float v[kBatch];
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) v[k] = i0 + k * kThreads < n ? x[i0 + k * kThreads] : 0.0f;
+    for (int k = 0; k < kBatch; ++k) v[k] = x[min(i0 + k * kThreads, n - 1)];  // clamped loads (above)
 #pragma unroll
     for (int k = 0; k < kBatch; ++k)
       if (i0 + k * kThreads < n) s = __fadd_rn(s, __fmul_rn(v[k], v[k]));
@@ -135,8 +172,7 @@ __device__ __forceinline__ float block_sum_squares_exact128(const float* __restr
     for (int k = 0; k < kBatch; ++k)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const int64_t i = i0 + k * 256 + c * 128;
-        v[k][c] = i < n ? x[i] : 0.0f;
+        v[k][c] = x[min(i0 + k * 256 + c * 128, n - 1)];  // clamped loads (above)
       }
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {

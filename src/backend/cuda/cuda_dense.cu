@@ -122,9 +122,9 @@ __global__ void __launch_bounds__(kNormThreads)
   float xv[kHeld], wv[kHeld];
 #pragma unroll
   for (int k = 0; k < kHeld; ++k) {
-    const int64_t i = threadIdx.x + k * kNormThreads;
-    xv[k] = i < n ? xr[i] : 0.0f;
-    wv[k] = i < n ? weight_value<kD>(w, i) : 0.0f;
+    const int64_t i = min(static_cast<int64_t>(threadIdx.x + k * kNormThreads), n - 1);  // clamped loads: cuda_common.cuh
+    xv[k] = xr[i];
+    wv[k] = weight_value<kD>(w, i);
   }
   const float inv = cuda::rms_scale(cuda::block_sum_squares_exact<kNormThreads>(xr, n), n, eps);
 #pragma unroll
@@ -361,7 +361,8 @@ Tensor CudaBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int
 Tensor CudaBackend::inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim,
                                                 int rope_dim, const std::vector<int64_t>& positions,
                                                 const RopeTable& table) {
-  if (!fused_chains_ || batch_invariant_ || heads <= 0 || head_dim % 2 != 0 || rope_dim % 2 != 0 ||
+  // (4 | head_dim, rope_dim: the staging rotates 4 values, two pairs of one head, at a time)
+  if (!fused_chains_ || batch_invariant_ || heads <= 0 || head_dim % 4 != 0 || rope_dim % 4 != 0 ||
       x.row_size() != static_cast<int64_t>(heads) * head_dim || groups <= 0 || x.row_size() != groups * w.cols ||
       !cuda::dense::grouped_mma_rope_fits(x.f32(), x.rows(), w, groups))
     return Backend::inverse_rope_grouped_linear(std::move(x), w, groups, heads, head_dim, rope_dim, positions, table);

@@ -100,8 +100,8 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int l = 0; l < kLoads; ++l)  // BF16: bytes [16q, +16) of [2 k0, +64) and of [2 k0 + 64, +64)
-          a[mt][h][l] = ok[mt][h] ? __ldg(reinterpret_cast<const uint4*>(wr[mt][h] + (kFp8 ? k0 : 2 * k0 + 64 * l)))
-                                  : make_uint4(0u, 0u, 0u, 0u);
+          // rows past N read row 0 (warp_rows) into outputs that are never stored: clamped loads
+          a[mt][h][l] = __ldg(reinterpret_cast<const uint4*>(wr[mt][h] + (kFp8 ? k0 : 2 * k0 + 64 * l)));
     if constexpr (kFp8) sc = __ldg(sc_row + (k0 + 16 * q) / 32);
   };
   // tokens x 64 fp32 of chunk k0 -> bf16 hi / lo, a float4 per thread step; true when this thread
@@ -110,12 +110,22 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     bool lo_nonzero = false;
     for (int i = threadIdx.x; i < kTok * (kChunk / 4); i += kMmaThreads) {
       const int t = i / (kChunk / 4), c = i % (kChunk / 4);
-      float4 v = t < tokens ? __ldg(reinterpret_cast<const float4*>(xg + (t0 + t) * x_stride + k0) + c)
-                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (kFp8 && x_rope.rope.freqs && t < tokens) {  // wo_a: x's inverse RoPE (pairs start at even columns)
-        const int64_t col = x_col0 + k0 + 4 * c, pos = x_rope.pos[t0 + t];
-        rope_pair(v.x, v.y, col, pos, x_rope.rope, true);
-        rope_pair(v.z, v.w, col + 2, pos, x_rope.rope, true);
+      // predicated, not branched (cuda_common.cuh); padding tokens stage zeros
+      const uint4 u = ldg16_if(t < tokens, xg + (t0 + t) * x_stride + k0 + 4 * c);
+      float4 v = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+      if (kFp8 && x_rope.rope.freqs) {  // wo_a: x's inverse RoPE on the 4 values' two pairs, which share a
+        // head (4 | head_dim, rope_dim); the position and both frequencies load together, predicated
+        const RowRope& rr = x_rope.rope;
+        const int hc = static_cast<int>((x_col0 + k0 + 4 * c) % rr.head_dim), first = rr.head_dim - rr.rope_dim;
+        const bool rot = t < tokens && hc >= first;
+        const int f = rot ? (hc - first) / 2 : 0;
+        const uint2 pw = ldg8_if(rot, x_rope.pos + t0 + t);
+        const int64_t pos = static_cast<int64_t>(static_cast<uint64_t>(pw.y) << 32 | pw.x);
+        const float f0 = __uint_as_float(ldg4_if(rot, rr.freqs + f)), f1 = __uint_as_float(ldg4_if(rot, rr.freqs + f + 1));
+        if (rot) {
+          rope_pair_at(v.x, v.y, pos, f0, true);
+          rope_pair_at(v.z, v.w, pos, f1, true);
+        }
       }
       const __nv_bfloat162 h01 = __floats2bfloat162_rn(v.x, v.y), h23 = __floats2bfloat162_rn(v.z, v.w);
       const __nv_bfloat162 l01 = __floats2bfloat162_rn(v.x - __low2float(h01), v.y - __high2float(h01));
@@ -226,6 +236,10 @@ bool skip_zero_lo() {
 // spread over the CTA's threads.
 constexpr int64_t kMinSplitChunks = 3;
 constexpr int64_t kPlanFixupRounds = 8;
+// Up to this many CTAs (256 rows x 8 tokens each) one-chunk splits always, summed by the fix-up or,
+// past its rounds, by reduce_splits (UNMEASURED since the split sums' loads were made branch-free;
+// before that, batch 8 [512, 5120]: GEMM 18.9 -> 6.1 us but reduce_splits 17.4 us).
+constexpr int64_t kNarrowCtas = 2;
 
 template <MmaWeight F, int NT>
 void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y,
@@ -235,7 +249,8 @@ void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, 
   const int64_t tile_outputs = std::min<int64_t>(w.rows, kRowsPerCta) * std::min<int64_t>(S, 8 * NT);
   const int64_t coarse = std::clamp<int64_t>(264 / ctas, 1, std::max<int64_t>(1, chunks / kMinSplitChunks));
   int64_t splits = std::clamp<int64_t>(264 / ctas, 1, chunks);
-  while (splits > coarse && mma::fixup_rounds(tile_outputs, kMmaThreads, splits) > kPlanFixupRounds) --splits;
+  if (ctas > kNarrowCtas)
+    while (splits > coarse && mma::fixup_rounds(tile_outputs, kMmaThreads, splits) > kPlanFixupRounds) --splits;
   const int64_t per_split = (chunks + splits - 1) / splits * kChunk;
   const int64_t used = (w.cols + per_split - 1) / per_split;
   float* partial = used > 1 ? workspace_as<float>(Ws::kPartial, static_cast<size_t>(used * S * w.rows)) : nullptr;

@@ -83,15 +83,28 @@ __global__ void __launch_bounds__(256)
   ::di::cuda::grid_dependency_wait();
   const int64_t row = blockIdx.x;
   const float* xr = x + row * n;
+  // This thread's first kHeld elements and weights load before the sum (clamped loads: cuda_common.cuh).
+  constexpr int kHeld = 8;  // rows up to 2048 wide (q_norm: 1280) need no second pass
+  float xv[kHeld], wv[kHeld];
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    const int64_t i = min(static_cast<int64_t>(threadIdx.x + k * 256), n - 1);
+    xv[k] = xr[i];
+    wv[k] = attn::weight_elem(w, wt, i);
+  }
   const float inv = rms_scale(block_sum_squares_exact<256>(xr, n), n, eps);
   const int lane = threadIdx.x & 31;
-  for (int64_t i = threadIdx.x; i < n; i += 256) {  // whole warps take each step (n % 32 == 0)
-    const float v = dq::round_bf16(__fmul_rn(attn::weight_elem(w, wt, i), __fmul_rn(xr[i], inv)));
+  const auto emit = [&](int64_t i, float xi, float wi) {
+    const float v = dq::round_bf16(__fmul_rn(wi, __fmul_rn(xi, inv)));
     if (normed) normed[row * n + i] = v;
     float scale;
     codes[row * n + i] = dq::act_quant_lane(v, scale);
     if (lane == 0) scales[row * (n / 32) + i / 32] = scale;
-  }
+  };
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k)  // whole warps take each step (n % 32 == 0)
+    if (threadIdx.x + k * 256 < n) emit(threadIdx.x + k * 256, xv[k], wv[k]);
+  for (int64_t i = threadIdx.x + kHeld * 256; i < n; i += 256) emit(i, xr[i], attn::weight_elem(w, wt, i));
 }
 
 // The tile's bf16 outputs, rotated by RoPE where rope.rope.freqs is set (linear_rope: the queries'

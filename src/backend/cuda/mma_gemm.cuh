@@ -56,13 +56,19 @@ inline constexpr int kMinCtas = NT <= 2 ? 3 : 2;
 
 enum class WFmt { kFp8Block, kFp4Row };
 
-// Weight stream: read once per launch, so it bypasses L1.
-__device__ __forceinline__ uint2 ld_stream8(const uint8_t* p) {
-  uint2 v;
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+// Weight stream: read once per launch, so it bypasses L1. Predicated (zeros when `on` is false), not
+// under a branch: a branch per load made each one a round trip of its own (cuda_common.cuh).
+__device__ __forceinline__ uint2 ld_stream8_if(bool on, const uint8_t* p) {
+  uint2 v = make_uint2(0u, 0u);
+  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%3];\n}"
+      : "+r"(v.x), "+r"(v.y)
+      : "r"(static_cast<unsigned>(on)), "l"(p));
   return v;
 }
 
+// The MXFP4 stream keeps its branch per load: predicated (asm volatile, which pins the loads' order)
+// the grouped MoE kernel got slower at every batch (33.6 -> 37.2 us at batch 1, 168 -> 193 at batch 8,
+// H100, bench/RESULTS.md).
 __device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
   uint4 v;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -215,7 +221,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
   const uint8_t* w4 = w + (static_cast<int64_t>(tile) * nb * 32 + lane) * 16;
   const uint8_t* s8 = wscale + static_cast<int64_t>(tile) * scale_cols;
   const uint8_t* s4 = wscale + (static_cast<int64_t>(tile) * ((nb + 3) / 4) * 8 + g) * 16;
-  // weight words and scales of K blocks kb .. kb+U-1 (zero past kb1 / N)
+  // weight words and scales of K blocks kb .. kb+U-1 (zero past kb1 / N); FP8 predicated, MXFP4 branched
   auto load = [&](uint32_t (&a)[U][2][2][W], uint32_t (&sc)[SW], int kb) {
     if constexpr (kFp8) {
 #pragma unroll
@@ -224,13 +230,12 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const bool in = kb + u < kb1 && ok[mt][h];
-            const uint2 v = in ? ld_stream8(wr[mt][h] + (kb + u) * 32) : make_uint2(0u, 0u);
+            const uint2 v = ld_stream8_if(kb + u < kb1 && ok[mt][h], wr[mt][h] + (kb + u) * 32);
             a[u][mt][h][0] = v.x;  // row 16 mt + 8 h + g, bytes 8q .. 8q+3 of the block
             a[u][mt][h][W - 1] = v.y;  // bytes 8q+4 .. 8q+7
           }
 #pragma unroll
-      for (int u = 0; u < U; ++u) sc[u] = kb + u < kb1 ? __ldg(s8 + kb + u) : 0u;
+      for (int u = 0; u < U; ++u) sc[u] = ldg1_if(kb + u < kb1, s8 + kb + u);
     } else {
 #pragma unroll
       for (int u = 0; u < U; ++u) {  // word 2 mt + h: row 16 mt + 8 h + g, bytes 4q .. 4q+3
@@ -275,9 +280,10 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
         float v[kBatch], nw[kBatch];  // the norm weights load with x (one round trip per batch, not per block)
 #pragma unroll
         for (int j = 0; j < kBatch; ++j) {
-          const int b = b0 + j * kWarps, r = b / nkc, c = b - r * nkc;
-          v[j] = b < blocks ? src.x[static_cast<int64_t>(srow[r]) * K + (kc + c) * 32 + lane] : 0.0f;
-          nw[j] = b < blocks && src.norm_w ? attn::weight_elem(src.norm_w, src.norm_type, (kc + c) * 32 + lane) : 0.0f;
+          const int b = min(b0 + j * kWarps, blocks - 1), r = b / nkc, c = b - r * nkc;  // clamped loads
+          v[j] = src.x[static_cast<int64_t>(srow[r]) * K + (kc + c) * 32 + lane];
+          nw[j] = attn::weight_elem(src.norm_w ? src.norm_w : reinterpret_cast<const uint8_t*>(src.x), src.norm_type,
+                                    (kc + c) * 32 + lane);  // (a valid address when there is no norm)
         }
 #pragma unroll
         for (int j = 0; j < kBatch; ++j) {

@@ -40,17 +40,22 @@ __device__ __forceinline__ float rope_value(float v, float other, int64_t col, i
   return (c - first) % 2 == 0 ? rope_first(v, other, cs, sn) : rope_second(other, v, cs, sn);
 }
 
+// Pair (a, b) rotated in place by the angle pos x freq.
+__device__ __forceinline__ void rope_pair_at(float& a, float& b, int64_t pos, float freq, bool inverse) {
+  float cs, sn;
+  rope_cos_sin(pos, freq, inverse, cs, sn);
+  const float a0 = a;
+  a = rope_first(a0, b, cs, sn);
+  b = rope_second(a0, b, cs, sn);
+}
+
 // Pair (a, b) at columns col, col + 1 (col even) of such a row, rotated in place as rope_kernel
 // rotates it (unchanged outside the rotated dims).
 __device__ __forceinline__ void rope_pair(float& a, float& b, int64_t col, int64_t pos, const RowRope& rope,
                                           bool inverse) {
   const int c = static_cast<int>(col % rope.head_dim), first = rope.head_dim - rope.rope_dim;
   if (c < first) return;
-  float cs, sn;
-  rope_cos_sin(pos, rope.freqs[(c - first) / 2], inverse, cs, sn);
-  const float a0 = a;
-  a = rope_first(a0, b, cs, sn);
-  b = rope_second(a0, b, cs, sn);
+  rope_pair_at(a, b, pos, rope.freqs[(c - first) / 2], inverse);
 }
 
 }  // namespace di::cuda
