@@ -6,7 +6,10 @@ waits for its load: a batch of such loads costs one memory round trip per load, 
 (bench/gpu/probe_split_sum.cu, bench/RESULTS.md). This compiles the file to PTX with
 line info and lists, per kernel, the branches that skip global loads as "N branches x L loads at
 file:line". One branch over a whole batch (L large, N small) is harmless; many branches of one or two
-loads each in a hot loop are the pattern to remove."""
+loads each in a hot loop are candidates.
+Caveat (measured, bench/RESULTS.md, twenty-fourth session): ptxas if-converts most such branches into
+predicated loads, so these PTX counts overstate the problem -- fp8_gemv's 35 branches were already 32
+predicated LDGs in SASS. Confirm with `cuobjdump -sass` (on the device) before changing a kernel."""
 import argparse
 import collections
 import os
