@@ -237,8 +237,8 @@ bool skip_zero_lo() {
 constexpr int64_t kMinSplitChunks = 3;
 constexpr int64_t kPlanFixupRounds = 8;
 // Up to this many CTAs (256 rows x 8 tokens each) one-chunk splits always, summed by the fix-up or,
-// past its rounds, by reduce_splits (UNMEASURED since the split sums' loads were made branch-free;
-// before that, batch 8 [512, 5120]: GEMM 18.9 -> 6.1 us but reduce_splits 17.4 us).
+// past its rounds, by reduce_splits (now that split sums load without a branch per split: batch 8 on
+// an H100, the bf16 kernels 70.1 -> 65.8 us per call plus 4.9 us of reduce_splits, bench/RESULTS.md).
 constexpr int64_t kNarrowCtas = 2;
 
 template <MmaWeight F, int NT>
