@@ -106,10 +106,11 @@ __device__ __forceinline__ float block_chains_total(float s) {
   return total;
 }
 
-// Clamped loads: `i < n ? x[i] : 0` (or an `if` around a load) compiles to a branch per load, and
-// each branch's join waits for its load, so a batch of such loads costs one memory round trip per
-// load (bench/gpu/probe_split_sum.cu: a sum over 80 splits ~14 us against ~1 us). Hot loops load
-// x[min(i, n - 1)] unconditionally and leave the extra values out of the arithmetic.
+// Clamped loads: `i < n ? x[i] : 0` (or an `if` around a load) can compile to a branch per load whose
+// join waits for the load, so a batch of such loads costs one memory round trip per load
+// (bench/gpu/probe_split_sum.cu: a sum over 80 splits ~14 us against ~1 us). ptxas turns many such
+// branches into predicated loads, not all: the SASS says which (bench/RESULTS.md). Where it did not,
+// hot loops load x[min(i, n - 1)] unconditionally and leave the extra values out of the arithmetic.
 
 // Where no clamped address is at hand, a predicated load: zeros when `on` is false, without a branch.
 // asm volatile: issued where written (a load whose value is used under a condition is otherwise
