@@ -282,8 +282,8 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
         for (int j = 0; j < kBatch; ++j) {
           const int b = min(b0 + j * kWarps, blocks - 1), r = b / nkc, c = b - r * nkc;  // clamped loads
           v[j] = src.x[static_cast<int64_t>(srow[r]) * K + (kc + c) * 32 + lane];
-          nw[j] = attn::weight_elem(src.norm_w ? src.norm_w : reinterpret_cast<const uint8_t*>(src.x), src.norm_type,
-                                    (kc + c) * 32 + lane);  // (a valid address when there is no norm)
+          // (norm_w is the same for the whole kernel: no per-load branch, and no load without a norm)
+          nw[j] = src.norm_w ? attn::weight_elem(src.norm_w, src.norm_type, (kc + c) * 32 + lane) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < kBatch; ++j) {
