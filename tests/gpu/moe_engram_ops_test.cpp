@@ -200,7 +200,7 @@ void check_experts(MoeEngramOps& t, bool fast, double tol) {
   t.gpu->set_fast_fp4_gemm(fast);
   for (int64_t n_exp : {8, 16}) {
     ExpertSet set = random_experts(t.rng(), *t.gpu, n_exp);
-    for (int top_k : {2, 6, 12})  // 12: the route lists sort a token's entries in two load batches of 8
+    for (int top_k : {2, 6, 12})  // 12: more entries per token than the V4.1 router picks (the lists' per-token sort)
       for (int64_t rows : {1, 7, 40}) {
         if (top_k > n_exp) continue;
         const float limit = rows == 7 ? 0.0f : 7.0f;  // 0: no clamps
