@@ -20,6 +20,20 @@ void synchronize();  // waits for all device work
 // region with `ncu --profile-from-start off`; a no-op without a device.
 void profiler_range(bool start);
 
+// The device's kernel timeline over a region (CUPTI activity records; libcupti is loaded at run time,
+// so nothing links against it): kernel_trace_start() begins recording every kernel's start and end on
+// the GPU clock, kernel_trace_stop() waits for the device and returns the kernels in start order. With
+// PDL a kernel starts before the one it waits for has ended: the time a kernel adds to its stream is
+// its end minus the previous kernel's end. Throws where CUPTI cannot be loaded (the error says why).
+struct KernelRecord {
+  std::string name;  // demangled
+  int64_t start_ns = 0, end_ns = 0;
+  uint32_t stream = 0;
+  int64_t ctas = 0;
+};
+void kernel_trace_start();
+std::vector<KernelRecord> kernel_trace_stop();
+
 // Timed events on the CUDA backend's current stream, for times inside a pass that must not be
 // synchronised (the bench's per-layer share of a plain decode step): record() marks the stream where
 // the host is; seconds_between() waits for the last mark, gives the device time between each pair

@@ -11,6 +11,8 @@ bool available() { return false; }
 std::string name() { return ""; }
 void synchronize() {}
 void profiler_range(bool) {}
+void kernel_trace_start() { throw Error("kernel trace: this build has no CUDA backend"); }
+std::vector<KernelRecord> kernel_trace_stop() { return {}; }
 StreamMarks::~StreamMarks() = default;
 void StreamMarks::record() { throw Error("device stream marks: this build has no CUDA backend"); }
 std::vector<double> StreamMarks::seconds_between() { return {}; }

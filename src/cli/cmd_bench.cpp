@@ -2,7 +2,7 @@
 //                 [--batch 1,8,64,256] [--context 4096,32768] [--prefill 8192] [--prefill-chunk 2048]
 //                 [--iters 3] [--prefill-iters 1] [--profile-batch 1] [--no-profile] [--no-ceilings]
 //                 [--time-budget SECONDS] [--seed S] [--batch-invariant] [--fast-fp4-gemm] [--profiler-range]
-//                 [--json]
+//                 [--kernel-trace FILE] [--json]
 // Decode steps and prefill timed as a whole, per layer and per op, with bytes, FLOPs and roofline
 // efficiency against ceilings measured in the same run (runtime/bench_run.h). --synthetic builds a
 // random checkpoint with the released dimensions (model/synthetic_checkpoint.h), generated straight
@@ -13,7 +13,9 @@
 // mode (EngineOptions::batch_invariant), to measure what it costs; --fast-fp4-gemm likewise
 // (EngineOptions::fast_fp4_gemm), to measure what it gains. --profiler-range: the last timed
 // decode step of each batch runs inside cudaProfilerStart / Stop, so that
-// `ncu --profile-from-start off` times that step's kernels alone.
+// `ncu --profile-from-start off` times that step's kernels alone. --kernel-trace FILE: the same step's
+// kernels as the device ran them (start, end, stream; CUPTI, device_tools.h), appended to FILE as CSV
+// (bench/gpu/trace_summary.py reads it).
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -52,7 +54,7 @@ ProfilingBackend::PrepareHook synthetic_device_hook(std::shared_ptr<const Synthe
 int cmd_bench(const Argv& argv) {
   Args args(argv,
             {"model", "synthetic", "layers", "device", "batch", "context", "prefill", "prefill-chunk", "iters",
-             "prefill-iters", "profile-batch", "seed", "time-budget"},
+             "prefill-iters", "profile-batch", "seed", "time-budget", "kernel-trace"},
             {"json", "no-profile", "no-ceilings", "batch-invariant", "profiler-range", "fast-fp4-gemm"});
   const std::string device_name = args.get_or("device", "cpu");
   if (args.has("model") == args.has("synthetic")) throw Error("bench: give exactly one of --model DIR or --synthetic PRESET");
@@ -68,6 +70,8 @@ int cmd_bench(const Argv& argv) {
   o.seed = static_cast<uint64_t>(args.get_int_or("seed", 1));
   o.time_budget_s = args.get_double_or("time-budget", 0);
   o.profiler_range = args.flag("profiler-range");
+  o.kernel_trace = args.get_or("kernel-trace", "");
+  if (!o.kernel_trace.empty() && device_name != "cuda") throw Error("bench: --kernel-trace needs --device cuda");
   if (args.flag("no-profile")) {
     o.profile_batches.clear();
     o.profile_prefill = false;

@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
@@ -187,6 +189,26 @@ StepTimes decode_step(Ctx& c, std::vector<SequenceState>& states, SectionClock* 
   return t;
 }
 
+// One traced step's kernels as CSV rows (context, batch, start and end in us from the step's first
+// kernel, stream, CTAs, name), appended to `path`, with a header when the file is new.
+void append_kernel_trace(const std::string& path, int64_t context, int batch, const std::vector<device::KernelRecord>& ks) {
+  std::ifstream probe(path);
+  const bool fresh = !probe.good() || probe.peek() == std::ifstream::traits_type::eof();
+  probe.close();
+  std::ofstream out(path, std::ios::app);
+  if (!out) throw Error("bench --kernel-trace: cannot write " + path);
+  if (fresh) out << "context,batch,start_us,end_us,stream,ctas,name\n";
+  const int64_t t0 = ks.empty() ? 0 : ks.front().start_ns;
+  char buf[96];
+  for (const device::KernelRecord& k : ks) {
+    std::snprintf(buf, sizeof buf, "%lld,%d,%.3f,%.3f,%u,%lld,", static_cast<long long>(context), batch,
+                  (k.start_ns - t0) * 1e-3, (k.end_ns - t0) * 1e-3, k.stream, static_cast<long long>(k.ctas));
+    std::string name = k.name;  // quoted: template arguments hold commas
+    for (size_t i = name.find('"'); i != std::string::npos; i = name.find('"', i + 2)) name.insert(i, "\"");
+    out << buf << '"' << name << "\"\n";
+  }
+}
+
 // One prefill of `tokens` in chunks; the state stays in `state` (for the memory report).
 double prefill(Ctx& c, const std::vector<int32_t>& tokens, SectionClock* clock, SequenceState& state) {
   state = c.model.new_sequence();
@@ -335,9 +357,12 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
   std::vector<double> times, enqueue;
   const int iters = std::max(1, o.decode_iters);
   for (int i = 0; i < iters; ++i) {
-    if (o.profiler_range && i == iters - 1) device::profiler_range(true);
+    const bool last = i == iters - 1, trace = last && !o.kernel_trace.empty();
+    if (o.profiler_range && last) device::profiler_range(true);
+    if (trace) device::kernel_trace_start();
     const StepTimes t = decode_step(c, states, nullptr);
-    if (o.profiler_range && i == iters - 1) device::profiler_range(false);
+    if (trace) append_kernel_trace(o.kernel_trace, context, batch, device::kernel_trace_stop());
+    if (o.profiler_range && last) device::profiler_range(false);
     times.push_back(t.step_s);
     enqueue.push_back(t.enqueue_s);
   }

@@ -34,6 +34,8 @@ struct BenchOptions {
   double time_budget_s = 0;                            // > 0: skip what would start after this long
   bool profiler_range = false;                         // the last timed decode step of each batch inside
                                                        // device::profiler_range (ncu --profile-from-start off)
+  std::string kernel_trace;                            // non-empty: the last timed decode step of each batch
+                                                       // traced (device::kernel_trace_*), CSV rows appended here
 };
 
 struct BenchCeilings {
