@@ -12,7 +12,11 @@ import signal
 
 
 def short(name):
-    return re.sub(r"\(.*", "", name).replace("di::", "").replace("cuda::", "")
+    """The kernel's name and template arguments, without namespaces, `void` or parameters."""
+    n = name.replace("(anonymous namespace)::", "").replace("di::", "").replace("cuda::", "")
+    n = re.sub(r"^void ", "", n)
+    m = re.match(r"[\w:]+(<[^()]*>)?", n)
+    return m.group(0) if m else n[:60]
 
 
 def main():
