@@ -3,7 +3,9 @@
 per (context, batch) the step's span, and per stream the time each kernel name adds to its stream --
 its end minus the previous kernel's end on that stream (under PDL a kernel starts before the one it
 waits for ends, so durations overlap) -- beside the kernels' own durations; --list prints the kernels
-in start order with that interval."""
+in start order with that interval; --waits lists where a stream stood idle: a kernel that started after the
+one before it on its stream had ended (under PDL a kernel normally starts before that) waited for something
+else -- another stream's kernel that ended just before it (a join), or the host."""
 import argparse
 import collections
 import csv
@@ -19,12 +21,37 @@ def short(name):
     return m.group(0) if m else n[:60]
 
 
+def print_waits(rows, min_gap_us=1.0):
+    """Per stream: gaps of >= min_gap_us between a kernel's predecessor's end and its start, summed by
+    the kernel and by what ended last on another stream in the gap (a join), else the host."""
+    by_stream = collections.defaultdict(list)
+    for r in rows:
+        by_stream[r["stream"]].append(r)
+    for st, ks in by_stream.items():
+        others = sorted((float(r["end_us"]), short(r["name"])) for r in rows if r["stream"] != st)
+        waits = collections.defaultdict(lambda: [0, 0.0])
+        for prev, k in zip(ks, ks[1:]):
+            e, s = float(prev["end_us"]), float(k["start_us"])
+            if s - e < min_gap_us:
+                continue
+            ended = [name for t, name in others if e < t <= s]
+            cause = "after " + ended[-1] if ended else "host"
+            w = waits[(short(k["name"]), cause)]
+            w[0] += 1
+            w[1] += s - e
+        total = sum(v[1] for v in waits.values())
+        print(f"  stream {st}: idle {total:.1f} us in gaps >= {min_gap_us:g} us (us, count, kernel, what ended the gap)")
+        for (name, cause), (c, us) in sorted(waits.items(), key=lambda x: -x[1][1])[:12]:
+            print(f"    {us:8.1f} {c:4d}x  {name}  <- {cause}")
+
+
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
     ap.add_argument("--list", action="store_true", help="every kernel in start order")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--waits", action="store_true", help="idle gaps per stream, by what ended them")
     a = ap.parse_args()
     steps = collections.OrderedDict()
     for r in csv.DictReader(open(a.csv)):
@@ -51,6 +78,8 @@ def main():
             items = sorted(((k[1], v) for k, v in by.items() if k[0] == st), key=lambda x: -x[1][1])
             for n, (c, iv, du) in items[: a.top]:
                 print(f"    {iv:8.1f} {du:8.1f} {c:4d}x  {n}")
+        if a.waits:
+            print_waits(rows)
         if a.list:
             for r in rows:
                 print(f"  {float(r['start_us']):9.2f} {float(r['end_us']) - float(r['start_us']):7.2f} "
