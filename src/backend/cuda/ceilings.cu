@@ -7,12 +7,12 @@
 // benchmark (the GEMM ceilings are then reported as missing, with the reason).
 #include <cublasLt.h>
 #include <cuda_profiler_api.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/dynamic_library.h"
 #include "backend/cuda/side_stream.cuh"
 #include "backend/device_tools.h"
 
@@ -141,15 +141,11 @@ struct Lt {
   decltype(&cublasLtMatmul) matmul = nullptr;
 
   std::string load() {
-    const std::string names[] = {"libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublasLt.so"};
-    for (const std::string& n : names)
-      if ((lib = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
-    if (!lib) return "cuBLASLt not found (" + names[0] + " not on the library path)";
+    const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+    lib = cuda::open_first_library({soname, "libcublasLt.so"});
+    if (!lib) return "cuBLASLt not found (" + soname + " not on the library path)";
     bool ok = true;
-    auto sym = [&](auto& fp, const char* s) {
-      fp = reinterpret_cast<std::remove_reference_t<decltype(fp)>>(dlsym(lib, s));
-      ok = ok && fp != nullptr;
-    };
+    auto sym = [&](auto& fp, const char* s) { ok = cuda::load_symbol(lib, fp, s) && ok; };
     sym(create, "cublasLtCreate");
     sym(destroy, "cublasLtDestroy");
     sym(desc_create, "cublasLtMatmulDescCreate");

@@ -3,11 +3,10 @@
 // timeline of one plain decode step with it: unlike ncu's one-kernel-at-a-time replay, it shows the
 // step as it runs, PDL overlap and the side stream included.
 //
-// libcupti is loaded at run time (dlopen), like cuBLASLt in ceilings.cu: the binaries keep no link
-// dependency on it, and a machine without it fails only the trace, with the reason.
+// libcupti is loaded at run time (dynamic_library.h): the binaries keep no link dependency on it, and a
+// machine without it fails only the trace, with the reason.
 #include <cuda_runtime.h>
 #include <cxxabi.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/dynamic_library.h"
 #include "backend/device_tools.h"
 #include "core/error.h"
 
@@ -31,28 +31,26 @@ namespace {
 
 // The CUPTI entry points the trace uses, resolved once.
 struct Cupti {
-  CUptiResult (*register_callbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc) = nullptr;
-  CUptiResult (*enable)(CUpti_ActivityKind) = nullptr;
-  CUptiResult (*disable)(CUpti_ActivityKind) = nullptr;
-  CUptiResult (*flush_all)(uint32_t) = nullptr;
-  CUptiResult (*next_record)(uint8_t*, size_t, CUpti_Activity**) = nullptr;
+  decltype(&cuptiActivityRegisterCallbacks) register_callbacks = nullptr;
+  decltype(&cuptiActivityEnable) enable = nullptr;
+  decltype(&cuptiActivityDisable) disable = nullptr;
+  decltype(&cuptiActivityFlushAll) flush_all = nullptr;
+  decltype(&cuptiActivityGetNextRecord) next_record = nullptr;
   std::string error;  // why it could not be loaded (empty: loaded)
 };
 
 const Cupti& cupti() {
   static const Cupti c = [] {
     Cupti r;
-    void* lib = nullptr;
-    for (const char* path : {"libcupti.so.13", "libcupti.so", "/usr/local/cuda/lib64/libcupti.so.13",
-                             "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13", "/usr/local/cuda/lib64/libcupti.so"})
-      if ((lib = dlopen(path, RTLD_NOW | RTLD_LOCAL))) break;
+    void* lib = cuda::open_first_library({"libcupti.so.13", "libcupti.so", "/usr/local/cuda/lib64/libcupti.so.13",
+                                          "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13",
+                                          "/usr/local/cuda/lib64/libcupti.so"});
     if (!lib) {
       r.error = "libcupti.so not found (the CUDA toolkit's CUPTI; tried the loader path and /usr/local/cuda)";
       return r;
     }
     const auto sym = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      if (!fn && r.error.empty()) r.error = std::string("libcupti has no ") + name;
+      if (!cuda::load_symbol(lib, fn, name) && r.error.empty()) r.error = std::string("libcupti has no ") + name;
     };
     sym(r.register_callbacks, "cuptiActivityRegisterCallbacks");
     sym(r.enable, "cuptiActivityEnable");

@@ -8,13 +8,13 @@
 #include "parallel/nccl_communicator.h"
 
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstring>
 #include <numeric>
 #include <string>
 
+#include "backend/cuda/dynamic_library.h"
 #include "core/error.h"
 
 namespace di::parallel {
@@ -42,17 +42,14 @@ struct NcclApi {
 
 const NcclApi& nccl() {
   static const NcclApi api = [] {
-    void* lib = nullptr;
-    for (const char* name : {"libnccl.so.2", "libnccl.so"})
-      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+    void* lib = cuda::open_first_library({"libnccl.so.2", "libnccl.so"});
     if (!lib)
       throw Error("multi-GPU needs NCCL: libnccl.so.2 was not found (install NCCL 2.x or add its directory to "
                   "LD_LIBRARY_PATH)");
     NcclApi a;
     auto sym = [&](auto& fn, const char* name) {
-      void* p = dlsym(lib, name);
-      std::memcpy(&fn, &p, sizeof fn);  // object -> function pointer without a pedantic cast
-      if (!p) throw Error(std::string("NCCL: libnccl lacks ") + name + " (NCCL >= 2.7 needed)");
+      if (!cuda::load_symbol(lib, fn, name))
+        throw Error(std::string("NCCL: libnccl lacks ") + name + " (NCCL >= 2.7 needed)");
     };
     sym(a.get_error_string, "ncclGetErrorString");
     sym(a.get_unique_id, "ncclGetUniqueId");
