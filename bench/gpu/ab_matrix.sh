@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Plain decode steps for every on/off combination of a few DEEPINFER_* switches, in rounds on one
+# machine (starts differ by a few % between machines: compare only within one run), from the repo root:
+#   bash bench/gpu/ab_matrix.sh "DEEPINFER_A DEEPINFER_B"
+# Binaries: build-gpu/bin.tar.xz (tests/gpu/build_portable.sh). Writes $OUT/ab_matrix.txt (./build-gpu-run/out
+# without $OUT): per combination and round, the bench's "decode steps" table. With DI_AB_TRACE=1 also a
+# kernel trace of the all-on and all-off combinations at batch 1 (trace_on.csv, trace_off.csv) and their
+# bench/gpu/trace_summary.py --waits (traces.txt).
+# DI_AB_MODE=each: instead of every combination, all on, each switch off alone, all off (n + 2 runs a round);
+# DI_AB_MODE=alone: all off, each switch on alone, all on.
+# Env: DI_BENCH_BATCH (default 1,2,8,64), DI_AB_ROUNDS (default 2), DI_BENCH_LAYERS (default 8),
+# DI_BENCH_ITERS (default 7); DI_DEVICE=cpu and DI_BENCH_MODEL=v41-tiny check the script off the GPU.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+switches=(${1:?usage: ab_matrix.sh \"DEEPINFER_A DEEPINFER_B ...\"})
+DEST=${OUT:-$PWD/build-gpu-run/out}
+BIN_DIR=build-gpu-run/ab
+mkdir -p "$DEST" && rm -rf "$BIN_DIR" && mkdir -p "$BIN_DIR" && tar -xJf build-gpu/bin.tar.xz -C "$BIN_DIR" || exit 2
+bench() {  # bench ENV... -- extra args: the decode-steps table of one plain run
+  env "$@" "$BIN_DIR/deepinfer" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" --layers "${DI_BENCH_LAYERS:-8}" \
+    --device "${DI_DEVICE:-cuda}" --batch "${DI_BENCH_BATCH:-1,2,8,64}" --context 4096 --iters "${DI_BENCH_ITERS:-7}" \
+    --prefill 0 --no-profile --no-ceilings 2>/dev/null | sed -n '/^decode steps/,/^$/p'
+}
+n=${#switches[@]} status=0
+out="$DEST/ab_matrix.txt"
+{ nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null; echo "commit $(git rev-parse --short HEAD 2>/dev/null)"; } >"$out"
+all=$(((1 << n) - 1)) masks=()
+if [[ ${DI_AB_MODE:-all} == each ]]; then
+  masks=("$all")
+  for ((i = 0; i < n; ++i)); do masks+=("$((all & ~(1 << i)))"); done
+  masks+=(0)
+elif [[ ${DI_AB_MODE:-all} == alone ]]; then
+  masks=(0)
+  for ((i = 0; i < n; ++i)); do masks+=("$((1 << i))"); done
+  masks+=("$all")
+else
+  for ((mask = all; mask >= 0; --mask)); do masks+=("$mask"); done  # all on first, all off last
+fi
+for round in $(seq "${DI_AB_ROUNDS:-2}"); do
+  for mask in "${masks[@]}"; do
+    env_set=()
+    for ((i = 0; i < n; ++i)); do env_set+=("${switches[i]}=$(((mask >> i) & 1))"); done
+    echo "round $round: ${env_set[*]}" >>"$out"
+    bench "${env_set[@]}" >>"$out" || status=1
+  done
+done
+if [[ ${DI_AB_TRACE:-0} == 1 ]]; then
+  : >"$DEST/traces.txt"
+  for side in on off; do
+    env_set=()
+    for s in "${switches[@]}"; do env_set+=("$s=$([[ $side == on ]] && echo 1 || echo 0)"); done
+    env "${env_set[@]}" "$BIN_DIR/deepinfer" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" \
+      --layers "${DI_BENCH_LAYERS:-8}" --device "${DI_DEVICE:-cuda}" --batch 1 --context 4096 --iters 3 --prefill 0 \
+      --no-profile --no-ceilings --kernel-trace "$DEST/trace_$side.csv" >/dev/null 2>&1 || status=1
+    { echo "== ${env_set[*]}"; python3 bench/gpu/trace_summary.py --waits "$DEST/trace_$side.csv"; } >>"$DEST/traces.txt" 2>&1
+  done
+fi
+cat "$out"
+exit $status
