@@ -9,15 +9,22 @@
 # DI_AB_MODE=each: instead of every combination, all on, each switch off alone, all off (n + 2 runs a round);
 # DI_AB_MODE=alone: all off, each switch on alone, all on.
 # Env: DI_BENCH_BATCH (default 1,2,8,64), DI_AB_ROUNDS (default 2), DI_BENCH_LAYERS (default 8),
-# DI_BENCH_ITERS (default 7); DI_DEVICE=cpu and DI_BENCH_MODEL=v41-tiny check the script off the GPU.
+# DI_BENCH_ITERS (default 7), DI_AB_BIN (a deepinfer binary to use instead of the bundle's); DI_DEVICE=cpu and
+# DI_BENCH_MODEL=v41-tiny check the script off the GPU (tests/e2e/ab_matrix_e2e.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 switches=(${1:?usage: ab_matrix.sh \"DEEPINFER_A DEEPINFER_B ...\"})
 DEST=${OUT:-$PWD/build-gpu-run/out}
-BIN_DIR=build-gpu-run/ab
-mkdir -p "$DEST" && rm -rf "$BIN_DIR" && mkdir -p "$BIN_DIR" && tar -xJf build-gpu/bin.tar.xz -C "$BIN_DIR" || exit 2
-bench() {  # bench ENV... -- extra args: the decode-steps table of one plain run
-  env "$@" "$BIN_DIR/deepinfer" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" --layers "${DI_BENCH_LAYERS:-8}" \
+mkdir -p "$DEST" || exit 2
+if [[ -n ${DI_AB_BIN:-} ]]; then
+  DEEPINFER=$DI_AB_BIN
+else
+  BIN_DIR=build-gpu-run/ab
+  rm -rf "$BIN_DIR" && mkdir -p "$BIN_DIR" && tar -xJf build-gpu/bin.tar.xz -C "$BIN_DIR" || exit 2
+  DEEPINFER=$BIN_DIR/deepinfer
+fi
+bench() {  # bench ENV...: the decode-steps table of one plain run
+  env "$@" "$DEEPINFER" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" --layers "${DI_BENCH_LAYERS:-8}" \
     --device "${DI_DEVICE:-cuda}" --batch "${DI_BENCH_BATCH:-1,2,8,64}" --context 4096 --iters "${DI_BENCH_ITERS:-7}" \
     --prefill 0 --no-profile --no-ceilings 2>/dev/null | sed -n '/^decode steps/,/^$/p'
 }
@@ -49,7 +56,7 @@ if [[ ${DI_AB_TRACE:-0} == 1 ]]; then
   for side in on off; do
     env_set=()
     for s in "${switches[@]}"; do env_set+=("$s=$([[ $side == on ]] && echo 1 || echo 0)"); done
-    env "${env_set[@]}" "$BIN_DIR/deepinfer" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" \
+    env "${env_set[@]}" "$DEEPINFER" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" \
       --layers "${DI_BENCH_LAYERS:-8}" --device "${DI_DEVICE:-cuda}" --batch 1 --context 4096 --iters 3 --prefill 0 \
       --no-profile --no-ceilings --kernel-trace "$DEST/trace_$side.csv" >/dev/null 2>&1 || status=1
     { echo "== ${env_set[*]}"; python3 bench/gpu/trace_summary.py --waits "$DEST/trace_$side.csv"; } >>"$DEST/traces.txt" 2>&1
