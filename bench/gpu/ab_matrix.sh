@@ -2,10 +2,10 @@
 # Plain decode steps for every on/off combination of a few DEEPINFER_* switches, in rounds on one
 # machine (starts differ by a few % between machines: compare only within one run), from the repo root:
 #   bash bench/gpu/ab_matrix.sh "DEEPINFER_A DEEPINFER_B"
-# Binaries: build-gpu/bin.tar.xz (tests/gpu/build_portable.sh). Writes $OUT/ab_matrix.txt (./build-gpu-run/out
-# without $OUT): per combination and round, the bench's "decode steps" table. With DI_AB_TRACE=1 also a
-# kernel trace of the all-on and all-off combinations at batch 1 (trace_on.csv, trace_off.csv) and their
-# bench/gpu/trace_summary.py --waits (traces.txt).
+# Binaries: build-gpu/bin.tar.xz (tests/gpu/build_portable.sh). Writes $OUT/ab_matrix.txt (DI_AB_FILE names
+# another, so that a second run keeps the first's; ./build-gpu-run/out without $OUT): per combination and
+# round, the bench's "decode steps" table. With DI_AB_TRACE=1 also a kernel trace of the all-on and all-off
+# combinations at batch 1 (trace_on.csv, trace_off.csv) and their bench/gpu/trace_summary.py --waits (traces.txt).
 # DI_AB_MODE=each: instead of every combination, all on, each switch off alone, all off (n + 2 runs a round);
 # DI_AB_MODE=alone: all off, each switch on alone, all on.
 # Env: DI_BENCH_BATCH (default 1,2,8,64), DI_AB_ROUNDS (default 2), DI_BENCH_LAYERS (default 8),
@@ -29,7 +29,7 @@ bench() {  # bench ENV...: the decode-steps table of one plain run
     --prefill 0 --no-profile --no-ceilings 2>/dev/null | sed -n '/^decode steps/,/^$/p'
 }
 n=${#switches[@]} status=0
-out="$DEST/ab_matrix.txt"
+out="$DEST/${DI_AB_FILE:-ab_matrix.txt}"
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null; echo "commit $(git rev-parse --short HEAD 2>/dev/null)"; } >"$out"
 all=$(((1 << n) - 1)) masks=()
 if [[ ${DI_AB_MODE:-all} == each ]]; then
