@@ -23,12 +23,15 @@ else
   rm -rf "$BIN_DIR" && mkdir -p "$BIN_DIR" && tar -xJf build-gpu/bin.tar.xz -C "$BIN_DIR" || exit 2
   DEEPINFER=$BIN_DIR/deepinfer
 fi
-bench() {  # bench ENV...: the decode-steps table of one plain run
-  env "$@" "$DEEPINFER" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" --layers "${DI_BENCH_LAYERS:-8}" \
-    --device "${DI_DEVICE:-cuda}" --batch "${DI_BENCH_BATCH:-1,2,8,64}" --context 4096 --iters "${DI_BENCH_ITERS:-7}" \
-    --prefill 0 --no-profile --no-ceilings 2>/dev/null | sed -n '/^decode steps/,/^$/p'
-}
 n=${#switches[@]} status=0
+switch_env() {  # switch_env MASK: the switches' assignments, switch i on where bit i of MASK is set
+  env_set=()
+  for ((i = 0; i < n; ++i)); do env_set+=("${switches[i]}=$((($1 >> i) & 1))"); done
+}
+bench() {  # bench ARGS...: one plain decode run of the model, switches as in env_set, with ARGS added
+  env "${env_set[@]}" "$DEEPINFER" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" --layers "${DI_BENCH_LAYERS:-8}" \
+    --device "${DI_DEVICE:-cuda}" --context 4096 --prefill 0 --no-profile --no-ceilings "$@"
+}
 out="$DEST/${DI_AB_FILE:-ab_matrix.txt}"
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null; echo "commit $(git rev-parse --short HEAD 2>/dev/null)"; } >"$out"
 all=$(((1 << n) - 1)) masks=()
@@ -45,20 +48,17 @@ else
 fi
 for round in $(seq "${DI_AB_ROUNDS:-2}"); do
   for mask in "${masks[@]}"; do
-    env_set=()
-    for ((i = 0; i < n; ++i)); do env_set+=("${switches[i]}=$(((mask >> i) & 1))"); done
+    switch_env "$mask"
     echo "round $round: ${env_set[*]}" >>"$out"
-    bench "${env_set[@]}" >>"$out" || status=1
+    bench --batch "${DI_BENCH_BATCH:-1,2,8,64}" --iters "${DI_BENCH_ITERS:-7}" 2>/dev/null |
+      sed -n '/^decode steps/,/^$/p' >>"$out" || status=1
   done
 done
 if [[ ${DI_AB_TRACE:-0} == 1 ]]; then
   : >"$DEST/traces.txt"
   for side in on off; do
-    env_set=()
-    for s in "${switches[@]}"; do env_set+=("$s=$([[ $side == on ]] && echo 1 || echo 0)"); done
-    env "${env_set[@]}" "$DEEPINFER" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" \
-      --layers "${DI_BENCH_LAYERS:-8}" --device "${DI_DEVICE:-cuda}" --batch 1 --context 4096 --iters 3 --prefill 0 \
-      --no-profile --no-ceilings --kernel-trace "$DEST/trace_$side.csv" >/dev/null 2>&1 || status=1
+    switch_env "$([[ $side == on ]] && echo "$all" || echo 0)"
+    bench --batch 1 --iters 3 --kernel-trace "$DEST/trace_$side.csv" >/dev/null 2>&1 || status=1
     { echo "== ${env_set[*]}"; python3 bench/gpu/trace_summary.py --waits "$DEST/trace_$side.csv"; } >>"$DEST/traces.txt" 2>&1
   done
 fi

@@ -13,9 +13,9 @@
 // mode (EngineOptions::batch_invariant), to measure what it costs; --fast-fp4-gemm likewise
 // (EngineOptions::fast_fp4_gemm), to measure what it gains. --profiler-range: the last timed
 // decode step of each batch runs inside cudaProfilerStart / Stop, so that
-// `ncu --profile-from-start off` times that step's kernels alone. --kernel-trace FILE: the same step's
-// kernels as the device ran them (start, end, stream; CUPTI, device_tools.h), appended to FILE as CSV
-// (bench/gpu/trace_summary.py reads it).
+// `ncu --profile-from-start off` times that step's kernels alone. --kernel-trace FILE: the kernels of one more
+// plain step after the timed ones (not in the times), as the device ran them (start, end, stream; CUPTI,
+// device_tools.h), appended to FILE as CSV (bench/gpu/trace_summary.py reads it).
 #include <chrono>
 #include <cstdio>
 #include <string>

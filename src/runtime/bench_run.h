@@ -34,8 +34,9 @@ struct BenchOptions {
   double time_budget_s = 0;                            // > 0: skip what would start after this long
   bool profiler_range = false;                         // the last timed decode step of each batch inside
                                                        // device::profiler_range (ncu --profile-from-start off)
-  std::string kernel_trace;                            // non-empty: the last timed decode step of each batch
-                                                       // traced (device::kernel_trace_*), CSV rows appended here
+  std::string kernel_trace;                            // non-empty: one more decode step of each batch, after
+                                                       // the timed ones, traced (device::kernel_trace_*), CSV
+                                                       // rows appended here
 };
 
 struct BenchCeilings {
