@@ -6,6 +6,7 @@
 #include <functional>
 #include <utility>
 
+#include "core/env_switch.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "model/model_scratch.h"
@@ -90,12 +91,15 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
 
   // The attention's keys: [the rings of the parts past their first chunk ; every current row], then
   // (kv_more) the KV source's compressed rows in the page pool. The window keys, and a Full layer's
-  // compressor inputs, need neither the queries nor the indexer: they are side work
-  // (Backend::side_begin), and so is the caller's `beside`, while the queries run on the main chain.
+  // compressor (its inputs, latents and index keys), need neither the queries nor the indexer: they
+  // are side work (Backend::side_begin), and so is the caller's `beside`, while the queries run on the
+  // main chain. DEEPINFER_COMPRESS_BESIDE=0 runs the compressor after the queries on the main chain
+  // (an A/B: the same ops on the same inputs, so the same bits).
   const WindowLists& wl = window_lists_of(batch);
   std::vector<Tensor> rings;  // every part's ring of this layer
   for (const BatchPart& p : batch.parts) rings.push_back(p.state->layers[layer].window);
   Tensor keys;  // [ring rows + rows, Dh]
+  static const bool compress_beside = env_switch_on("DEEPINFER_COMPRESS_BESIDE");
   run_beside(be, [&] {
     r.kv = be.rmsnorm_rope_qdq(be.linear(x, a.wkv), a.kv_norm, eps, 1, dh, rd, batch.positions, rope_[layer],
                                RowFormat::kFp8Ue8m0);  // [rows, Dh]
@@ -116,6 +120,7 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
         r.comp_kv = be.linear(x, a.comp_wkv);  // fp32
         r.comp_score = be.linear(x, a.comp_wgate);
       }
+      if (compress_beside) compress(layer, r, batch);
     }
   });
   const int keys_ready = be.side_mark();
@@ -139,8 +144,8 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   int64_t list_width = 0;
   if (ls.ratio > 0) {
     if (ls.mode == AttnMode::kFull) {
-      be.side_wait(keys_ready);  // the compressor inputs
-      compress(layer, r, batch);
+      be.side_wait(keys_ready);  // the compressor's inputs, or (compress_beside) its rows in the pool
+      if (!compress_beside) compress(layer, r, batch);
     }
     kv_more = kv_pool_->comp(ls.kv_source);
     if (batched_indexer()) {
