@@ -284,7 +284,8 @@ void sorted_selection(const int32_t* sel, int64_t rows, int64_t k, const int64_t
 }
 
 void topk_lowest_index(const float* values, int64_t rows, int64_t stride, const std::vector<int64_t>& n,
-                       const std::vector<int64_t>& k, int64_t out_k, int32_t offset, int32_t* out) {
+                       const std::vector<int64_t>& k, int64_t out_k, int32_t offset, int32_t* out,
+                       UploadCache* lists) {
   DI_CHECK(static_cast<int64_t>(n.size()) == rows && static_cast<int64_t>(k.size()) == rows);
   if (rows == 0 || out_k == 0) return;
   int64_t kmax = 0, nmax = 0;
@@ -298,8 +299,8 @@ void topk_lowest_index(const float* values, int64_t rows, int64_t stride, const 
   const int64_t n_chunks = std::max<int64_t>(1, (nmax + chunk - 1) / chunk);  // >= 1: stage A writes the -1s
   std::vector<int64_t> nk(n);  // n then k: one upload
   nk.insert(nk.end(), k.begin(), k.end());
-  Scratch nk_dev = upload(nk);
-  const int64_t* n_dev = nk_dev.as<int64_t>();
+  Scratch nk_keep;
+  const int64_t* n_dev = upload_via(lists, nk, nk_keep);
   const int64_t* k_dev = n_dev + rows;
   // Rows per batch: bounded by the candidate scratch and by the grid's y limit.
   const int64_t per_row = n_chunks > 1 ? n_chunks * kmax * 8 : 0;

@@ -5,14 +5,19 @@
 #include <cstdint>
 #include <vector>
 
+namespace di::cuda {
+class UploadCache;
+}
+
 namespace di::cuda::attn {
 
 // values: device [rows, stride] f32. For each row r: out[r * out_k + i] = (i-th smallest selected
 // index) + offset for i < k[r], and -1 for k[r] <= i < out_k. Needs 0 <= k[r] <= n[r] <= stride and
 // k[r] <= out_k. -0 and +0 tie. Runs on the current stream; no host round trip besides the small
-// n / k upload.
+// n / k upload (taken from `lists` when given and it holds them).
 void topk_lowest_index(const float* values, int64_t rows, int64_t stride, const std::vector<int64_t>& n,
-                       const std::vector<int64_t>& k, int64_t out_k, int32_t offset, int32_t* out);
+                       const std::vector<int64_t>& k, int64_t out_k, int32_t offset, int32_t* out,
+                       UploadCache* lists = nullptr);
 
 // torch.topk's CPU selection (TieBreak::kTorch; cpu::torch_topk_indices, emulated step by step by
 // torch_select.h): for each row r, the k indices it selects among values[r, 0 .. n), unordered, in

@@ -757,10 +757,11 @@ Tensor CudaBackend::paged_row_list(const std::vector<int64_t>& lengths, const st
   check_pool_rows(table, rows_per_page, 0, "paged_row_list");
   Tensor out = alloc(TType::kI32, {first.back()});
   if (first.back() == 0) return out;
-  Scratch firsts = cuda::attn::upload(first);
+  Scratch firsts_keep;
+  const int64_t* firsts = cuda::upload_via(list_uploads_.get(), first, firsts_keep);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(cuda::blocks_for(longest, kElemThreads), 1024)),
                   static_cast<unsigned>(lengths.size()));
-  ::di::cuda::launch(paged_row_list_kernel, grid, kElemThreads, 0, firsts.as<int64_t>(), page_uploads_->get(table_start),
+  ::di::cuda::launch(paged_row_list_kernel, grid, kElemThreads, 0, firsts, page_uploads_->get(table_start),
                      page_uploads_->get(table), rows_per_page, out.i32());
   return out;
 }
@@ -800,17 +801,19 @@ Tensor CudaBackend::index_scores(const Tensor& q, int heads, const Tensor& keys,
     return true;
   }();
   (void)attr_set;
-  Scratch vis = cuda::attn::upload(visible), offs = cuda::attn::upload(key_offsets);
+  Scratch vis_keep, offs_keep;
+  const int64_t* vis = cuda::upload_via(list_uploads_.get(), visible, vis_keep);
+  const int64_t* offs = cuda::upload_via(list_uploads_.get(), key_offsets, offs_keep);
   if (hd == kRegHd && heads <= 64) {  // keys in registers, the query row in <= 40 KB of shared memory
-    launch_index_scores_reg<false>(q.f32(), heads, keys.f32(), nullptr, nullptr, offs.as<int64_t>(), t_len, w.f32(),
-                                   vis.as<int64_t>(), s, out.f32());
+    launch_index_scores_reg<false>(q.f32(), heads, keys.f32(), nullptr, nullptr, offs, t_len, w.f32(),
+                                   vis, s, out.f32());
     return out;
   }
   const unsigned tiles = static_cast<unsigned>((t_len + tile - 1) / tile);
   for (int64_t row0 = 0; row0 < s; row0 += 65535) {
     const unsigned nb = static_cast<unsigned>(std::min<int64_t>(65535, s - row0));
     ::di::cuda::launch(index_scores_kernel, dim3(tiles, nb), tile, smem_for(tile), q.f32(), heads, static_cast<int>(hd),
-                       keys.f32(), offs.as<int64_t>(), t_len, w.f32(), vis.as<int64_t>(), row0, out.f32());
+                       keys.f32(), offs, t_len, w.f32(), vis, row0, out.f32());
   }
   return out;
 }
@@ -834,9 +837,11 @@ Tensor CudaBackend::index_scores_packed(const Tensor& q, int heads, const Tensor
   check_key_offsets(key_offsets, visible, n_keys);
   Tensor out = alloc(TType::kF32, {s, t_len});
   if (s == 0 || t_len == 0) return out;
-  Scratch vis = cuda::attn::upload(visible), offs = cuda::attn::upload(key_offsets);
-  launch_index_scores_reg<true>(q.f32(), heads, nullptr, cache.u8(), slots.i32(), offs.as<int64_t>(), t_len, w.f32(),
-                                vis.as<int64_t>(), s, out.f32());
+  Scratch vis_keep, offs_keep;
+  const int64_t* vis = cuda::upload_via(list_uploads_.get(), visible, vis_keep);
+  const int64_t* offs = cuda::upload_via(list_uploads_.get(), key_offsets, offs_keep);
+  launch_index_scores_reg<true>(q.f32(), heads, nullptr, cache.u8(), slots.i32(), offs, t_len, w.f32(),
+                                vis, s, out.f32());
   return out;
 }
 
@@ -856,22 +861,24 @@ Tensor CudaBackend::select_candidates(const Tensor& scores, const std::vector<in
     kr[r] = std::min(keep, reach[r]);
     keeps_all = keeps_all && kr[r] == reach[r];
   }
-  Scratch last_dev = cuda::attn::upload(last);
+  Scratch last_keep;
+  const int64_t* last_dev = cuda::upload_via(list_uploads_.get(), last, last_keep);
   if (keeps_all) {
     ::di::cuda::launch(reachable_blocks_kernel, elem_blocks(s * width), kElemThreads, 0, scores.f32(), width,
-                       block_size, n_blocks, last_dev.as<int64_t>(), s * width, mask.u8());
+                       block_size, n_blocks, last_dev, s * width, mask.u8());
     return mask;
   }
   // Block scores [S, n_blocks] with the newest block pinned; flags [S, n_blocks] of the kept blocks.
   Scratch bs(static_cast<size_t>(s * n_blocks) * sizeof(float)), flags(static_cast<size_t>(s * n_blocks));
   ::di::cuda::launch(block_max_kernel, elem_blocks(s * n_blocks), kElemThreads, 0, scores.f32(), width, block_size,
-                     n_blocks, last_dev.as<int64_t>(), s * n_blocks, bs.as<float>(), flags.as<uint8_t>());
+                     n_blocks, last_dev, s * n_blocks, bs.as<float>(), flags.as<uint8_t>());
   if (keep > 0) {
     Scratch list(static_cast<size_t>(s * keep) * sizeof(int32_t));
     if (ties == TieBreak::kTorch)  // reference-compatibility path: torch.topk's choice among ties (torch_select.h)
       cuda::attn::topk_torch(bs.as<float>(), s, n_blocks, n_blocks, keep, list.as<int32_t>());
     else
-      cuda::attn::topk_lowest_index(bs.as<float>(), s, n_blocks, reach, kr, keep, 0, list.as<int32_t>());
+      cuda::attn::topk_lowest_index(bs.as<float>(), s, n_blocks, reach, kr, keep, 0, list.as<int32_t>(),
+                                    list_uploads_.get());
     ::di::cuda::launch(mark_blocks_kernel, elem_blocks(s * keep), kElemThreads, 0, list.as<int32_t>(), keep,
                        bs.as<float>(), n_blocks, s * keep, flags.as<uint8_t>());
   }
@@ -896,9 +903,10 @@ Tensor CudaBackend::topk_indices(const Tensor& scores, int k, const std::vector<
   if (ties == TieBreak::kTorch) {
     // Reference-compatibility path: torch.topk's choice among ties over the whole row (the CPU's
     // kTorch), emulated on the device (torch_select.h); then ascending, invisible entries -1.
-    Scratch sel(static_cast<size_t>(s * k) * sizeof(int32_t)), vis = cuda::attn::upload(visible);
+    Scratch sel(static_cast<size_t>(s * k) * sizeof(int32_t)), vis_keep;
+    const int64_t* vis = cuda::upload_via(list_uploads_.get(), visible, vis_keep);
     cuda::attn::topk_torch(scores.f32(), s, width, width, k, sel.as<int32_t>());
-    cuda::attn::sorted_selection(sel.as<int32_t>(), s, k, vis.as<int64_t>(), offset, out.i32());
+    cuda::attn::sorted_selection(sel.as<int32_t>(), s, k, vis, offset, out.i32());
     return out;
   }
   // Only visible positions can be picked; the rest of the row stays -1.
@@ -907,7 +915,7 @@ Tensor CudaBackend::topk_indices(const Tensor& scores, int k, const std::vector<
     n[r] = std::clamp<int64_t>(visible[r], 0, width);
     kr[r] = std::min<int64_t>(k, n[r]);
   }
-  cuda::attn::topk_lowest_index(scores.f32(), s, width, n, kr, k, offset, out.i32());
+  cuda::attn::topk_lowest_index(scores.f32(), s, width, n, kr, k, offset, out.i32(), list_uploads_.get());
   return out;
 }
 

@@ -74,6 +74,7 @@ CudaBackend::CudaBackend() {
                 std::to_string(prop.major) + std::to_string(prop.minor) + ")");
   rope_uploads_ = std::make_unique<cuda::UploadCache>();
   page_uploads_ = std::make_unique<cuda::UploadCache>();
+  if (env_switch_on("DEEPINFER_LIST_CACHE")) list_uploads_ = std::make_unique<cuda::UploadCache>();
   fused_chains_ = env_switch_on("DEEPINFER_FUSED_CHAINS");
 }
 

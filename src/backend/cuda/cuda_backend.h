@@ -130,6 +130,10 @@ class CudaBackend final : public Backend {
   int64_t weight_bytes_ = 0;
   std::unique_ptr<cuda::UploadCache> rope_uploads_;  // RoPE's positions and frequency tables
   std::unique_ptr<cuda::UploadCache> page_uploads_;  // the batch's page tables (the same for every layer of a step)
+  // the indexer's per-row lengths and offsets (visible, key offsets, top-k n / k, candidate blocks), the same for every
+  // indexed layer of a ratio in a step: at batch 1 each upload is a launch on the main chain (DEEPINFER_LIST_CACHE=0:
+  // one upload per call, for measuring)
+  std::unique_ptr<cuda::UploadCache> list_uploads_;
   bool batch_invariant_ = false;
   bool fast_fp4_gemm_ = false;  // MXFP4 block sums on wgmma (mma_gemm.cuh)
   // rope_qdq, rmsnorm_rope_qdq, concat_paged_rows, linear_rope and inverse_rope_grouped_linear as one launch

@@ -61,6 +61,7 @@ class UploadCache {
   template <typename T>
   const T* get(const std::vector<T>& v) {
     const size_t bytes = v.size() * sizeof(T);
+    if (bytes == 0) return nullptr;
     std::array<Entry, kEntries>& entries = lanes_[static_cast<size_t>(stream_lane())];
     Entry* victim = &entries[0];
     for (Entry& e : entries) {
@@ -86,5 +87,14 @@ class UploadCache {
   std::array<std::array<Entry, kEntries>, 2> lanes_;  // [main, side stream]
   uint64_t clock_ = 0;
 };
+
+// v on the device: from `cache` where there is one, else uploaded for this call (held by `keep`, which must
+// outlive the launches that read it).
+template <typename T>
+const T* upload_via(UploadCache* cache, const std::vector<T>& v, Scratch& keep) {
+  if (cache) return cache->get(v);
+  keep = upload(v);
+  return keep.as<T>();
+}
 
 }  // namespace di::cuda
