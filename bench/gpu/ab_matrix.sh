@@ -8,34 +8,47 @@
 # combinations at batch 1 (trace_on.csv, trace_off.csv) and their bench/gpu/trace_summary.py --waits (traces.txt).
 # DI_AB_MODE=each: instead of every combination, all on, each switch off alone, all off (n + 2 runs a round);
 # DI_AB_MODE=alone: all off, each switch on alone, all on.
+# DI_AB_BINS="A B ...": deepinfer binaries to compare (a branch's build against main's, say): every combination
+# runs on each of them in turn, in each round ("round R: bin A: switches"); the switch list may then be empty
+# (ab_matrix.sh ""), for the binaries alone. The traces take the first binary.
 # Env: DI_BENCH_BATCH (default 1,2,8,64), DI_AB_ROUNDS (default 2), DI_BENCH_LAYERS (default 8),
 # DI_BENCH_ITERS (default 7), DI_AB_BIN (a deepinfer binary to use instead of the bundle's); DI_DEVICE=cpu and
 # DI_BENCH_MODEL=v41-tiny check the script off the GPU (tests/e2e/ab_matrix_e2e.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
-switches=(${1:?usage: ab_matrix.sh \"DEEPINFER_A DEEPINFER_B ...\"})
+switches=(${1-})
+if ((${#switches[@]} == 0)) && [[ -z ${DI_AB_BINS:-} ]]; then
+  echo 'usage: ab_matrix.sh "DEEPINFER_A DEEPINFER_B ..." (an empty list only with DI_AB_BINS)' >&2
+  exit 2
+fi
 DEST=${OUT:-$PWD/build-gpu-run/out}
 mkdir -p "$DEST" || exit 2
-if [[ -n ${DI_AB_BIN:-} ]]; then
+if [[ -n ${DI_AB_BINS:-} ]]; then
+  :
+elif [[ -n ${DI_AB_BIN:-} ]]; then
   DEEPINFER=$DI_AB_BIN
 else
   BIN_DIR=build-gpu-run/ab
   rm -rf "$BIN_DIR" && mkdir -p "$BIN_DIR" && tar -xJf build-gpu/bin.tar.xz -C "$BIN_DIR" || exit 2
   DEEPINFER=$BIN_DIR/deepinfer
 fi
+bins=(${DI_AB_BINS:-$DEEPINFER})
+DEEPINFER=${bins[0]}
 n=${#switches[@]} status=0
 switch_env() {  # switch_env MASK: the switches' assignments, switch i on where bit i of MASK is set
   env_set=()
   for ((i = 0; i < n; ++i)); do env_set+=("${switches[i]}=$((($1 >> i) & 1))"); done
 }
-bench() {  # bench ARGS...: one plain decode run of the model, switches as in env_set, with ARGS added
+bench() {  # bench ARGS...: one plain decode run of the model by $DEEPINFER, switches as in env_set, with ARGS added
   env "${env_set[@]}" "$DEEPINFER" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" --layers "${DI_BENCH_LAYERS:-8}" \
     --device "${DI_DEVICE:-cuda}" --context 4096 --prefill 0 --no-profile --no-ceilings "$@"
 }
 out="$DEST/${DI_AB_FILE:-ab_matrix.txt}"
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null; echo "commit $(git rev-parse --short HEAD 2>/dev/null)"; } >"$out"
 all=$(((1 << n) - 1)) masks=()
-if [[ ${DI_AB_MODE:-all} == each ]]; then
+if ((n == 0)); then
+  masks=(0)  # the binaries alone
+elif [[ ${DI_AB_MODE:-all} == each ]]; then
   masks=("$all")
   for ((i = 0; i < n; ++i)); do masks+=("$((all & ~(1 << i)))"); done
   masks+=(0)
@@ -49,11 +62,14 @@ fi
 for round in $(seq "${DI_AB_ROUNDS:-2}"); do
   for mask in "${masks[@]}"; do
     switch_env "$mask"
-    echo "round $round: ${env_set[*]}" >>"$out"
-    bench --batch "${DI_BENCH_BATCH:-1,2,8,64}" --iters "${DI_BENCH_ITERS:-7}" 2>/dev/null |
-      sed -n '/^decode steps/,/^$/p' >>"$out" || status=1
+    for DEEPINFER in "${bins[@]}"; do
+      echo "round $round: ${DI_AB_BINS:+bin $DEEPINFER: }${env_set[*]}" >>"$out"
+      bench --batch "${DI_BENCH_BATCH:-1,2,8,64}" --iters "${DI_BENCH_ITERS:-7}" 2>/dev/null |
+        sed -n '/^decode steps/,/^$/p' >>"$out" || status=1
+    done
   done
 done
+DEEPINFER=${bins[0]}
 if [[ ${DI_AB_TRACE:-0} == 1 ]]; then
   : >"$DEST/traces.txt"
   for side in on off; do

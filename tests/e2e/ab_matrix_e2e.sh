@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu/ab_matrix.sh off the GPU (the v41-tiny model on the CPU): the combinations each mode runs, in
 # order (all: every one, all on first; each: all on, each off alone, all off; alone: all off, each on alone,
-# all on), each with its decode-steps table; DI_AB_FILE writes another file; a missing switch list is an error.
+# all on), each with its decode-steps table; DI_AB_FILE writes another file; DI_AB_BINS runs each combination on
+# each binary (and needs no switch); a missing switch list is an error.
 # Usage: bash ab_matrix_e2e.sh <deepinfer-binary> <repo>/tests
 set -uo pipefail
 
@@ -43,6 +44,23 @@ OUT="$WORK/all" DI_AB_FILE=second.txt DI_AB_BIN="$DEEPINFER" DI_DEVICE=cpu DI_BE
   DI_BENCH_BATCH=1 DI_BENCH_ITERS=1 DI_AB_ROUNDS=1 bash "$AB" "DEEPINFER_X" >/dev/null 2>&1 || bad "DI_AB_FILE: failed"
 [[ $(grep -c '^round' "$WORK/all/second.txt") == 2 && $(grep -c '^round' "$WORK/all/ab_matrix.txt") == 4 ]] ||
   bad "DI_AB_FILE: second.txt or the first run's ab_matrix.txt is not as written"
+# DI_AB_BINS: each combination on each binary in turn; with no switches, the binaries alone
+ln -s "$DEEPINFER" "$WORK/other"
+OUT="$WORK/bins" DI_AB_BINS="$DEEPINFER $WORK/other" DI_DEVICE=cpu DI_BENCH_MODEL=v41-tiny DI_BENCH_LAYERS=1 \
+  DI_BENCH_BATCH=1 DI_BENCH_ITERS=1 DI_AB_ROUNDS=1 bash "$AB" "DEEPINFER_X" >/dev/null 2>&1 || bad "DI_AB_BINS: failed"
+got=$(grep '^round' "$WORK/bins/ab_matrix.txt")
+want=$(printf 'round 1: bin %s: %s\n' "$DEEPINFER" DEEPINFER_X=1 "$WORK/other" DEEPINFER_X=1 "$DEEPINFER" DEEPINFER_X=0 \
+  "$WORK/other" DEEPINFER_X=0)
+[[ $got == "$want" && $(grep -cE '^ +4096 +1 +[0-9.]+' "$WORK/bins/ab_matrix.txt") == 4 ]] || bad "DI_AB_BINS: got
+$got
+want:
+$want"
+OUT="$WORK/bins0" DI_AB_BINS="$DEEPINFER $WORK/other" DI_AB_MODE=each DI_DEVICE=cpu DI_BENCH_MODEL=v41-tiny \
+  DI_BENCH_LAYERS=1 DI_BENCH_BATCH=1 DI_BENCH_ITERS=1 DI_AB_ROUNDS=2 bash "$AB" "" >/dev/null 2>&1 ||
+  bad "DI_AB_BINS without switches: failed"
+[[ $(grep -c '^round' "$WORK/bins0/ab_matrix.txt") == 4 &&
+  $(grep -cE '^ +4096 +1 +[0-9.]+' "$WORK/bins0/ab_matrix.txt") == 4 ]] ||
+  bad "DI_AB_BINS without switches: not one run per binary and round"
 out=$(OUT="$WORK/none" DI_AB_BIN="$DEEPINFER" bash "$AB" 2>&1)
 rc=$?
 [[ $rc -ne 0 && $out == *usage* ]] || bad "no switches: rc $rc, output: $out"
