@@ -23,24 +23,21 @@ if ((${#switches[@]} == 0)) && [[ -z ${DI_AB_BINS:-} ]]; then
 fi
 DEST=${OUT:-$PWD/build-gpu-run/out}
 mkdir -p "$DEST" || exit 2
-if [[ -n ${DI_AB_BINS:-} ]]; then
-  :
-elif [[ -n ${DI_AB_BIN:-} ]]; then
-  DEEPINFER=$DI_AB_BIN
-else
+bins=(${DI_AB_BINS:-${DI_AB_BIN:-}})  # the binaries to run, else the bundle's
+if ((${#bins[@]} == 0)); then
   BIN_DIR=build-gpu-run/ab
   rm -rf "$BIN_DIR" && mkdir -p "$BIN_DIR" && tar -xJf build-gpu/bin.tar.xz -C "$BIN_DIR" || exit 2
-  DEEPINFER=$BIN_DIR/deepinfer
+  bins=("$BIN_DIR/deepinfer")
 fi
-bins=(${DI_AB_BINS:-$DEEPINFER})
-DEEPINFER=${bins[0]}
 n=${#switches[@]} status=0
 switch_env() {  # switch_env MASK: the switches' assignments, switch i on where bit i of MASK is set
   env_set=()
   for ((i = 0; i < n; ++i)); do env_set+=("${switches[i]}=$((($1 >> i) & 1))"); done
 }
-bench() {  # bench ARGS...: one plain decode run of the model by $DEEPINFER, switches as in env_set, with ARGS added
-  env "${env_set[@]}" "$DEEPINFER" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" --layers "${DI_BENCH_LAYERS:-8}" \
+bench() {  # bench BINARY ARGS...: one plain decode run of the model, switches as in env_set, with ARGS added
+  local binary=$1
+  shift
+  env "${env_set[@]}" "$binary" bench --synthetic "${DI_BENCH_MODEL:-v41-flash}" --layers "${DI_BENCH_LAYERS:-8}" \
     --device "${DI_DEVICE:-cuda}" --context 4096 --prefill 0 --no-profile --no-ceilings "$@"
 }
 out="$DEST/${DI_AB_FILE:-ab_matrix.txt}"
@@ -62,19 +59,18 @@ fi
 for round in $(seq "${DI_AB_ROUNDS:-2}"); do
   for mask in "${masks[@]}"; do
     switch_env "$mask"
-    for DEEPINFER in "${bins[@]}"; do
-      echo "round $round: ${DI_AB_BINS:+bin $DEEPINFER: }${env_set[*]}" >>"$out"
-      bench --batch "${DI_BENCH_BATCH:-1,2,8,64}" --iters "${DI_BENCH_ITERS:-7}" 2>/dev/null |
+    for bin in "${bins[@]}"; do
+      echo "round $round: ${DI_AB_BINS:+bin $bin: }${env_set[*]}" >>"$out"
+      bench "$bin" --batch "${DI_BENCH_BATCH:-1,2,8,64}" --iters "${DI_BENCH_ITERS:-7}" 2>/dev/null |
         sed -n '/^decode steps/,/^$/p' >>"$out" || status=1
     done
   done
 done
-DEEPINFER=${bins[0]}
 if [[ ${DI_AB_TRACE:-0} == 1 ]]; then
   : >"$DEST/traces.txt"
   for side in on off; do
     switch_env "$([[ $side == on ]] && echo "$all" || echo 0)"
-    bench --batch 1 --iters 3 --kernel-trace "$DEST/trace_$side.csv" >/dev/null 2>&1 || status=1
+    bench "${bins[0]}" --batch 1 --iters 3 --kernel-trace "$DEST/trace_$side.csv" >/dev/null 2>&1 || status=1
     { echo "== ${env_set[*]}"; python3 bench/gpu/trace_summary.py --waits "$DEST/trace_$side.csv"; } >>"$DEST/traces.txt" 2>&1
   done
 fi

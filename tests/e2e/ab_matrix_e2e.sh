@@ -15,11 +15,17 @@ trap 'rm -rf "$WORK"' EXIT
 failed=0
 bad() { failed=$((failed + 1)); echo "FAIL: $1"; }
 
+ab() {  # ab SWITCHES [VAR=VALUE...]: ab_matrix.sh on the tiny model on the CPU, one round, the variables added
+  local switches=$1
+  shift
+  env DI_DEVICE=cpu DI_BENCH_MODEL=v41-tiny DI_BENCH_LAYERS=1 DI_BENCH_BATCH=1 DI_BENCH_ITERS=1 DI_AB_ROUNDS=1 "$@" \
+    bash "$AB" "$switches" >/dev/null 2>&1
+}
+
 run_mode() {  # run_mode MODE EXPECTED-ROUND-LINES...
   local mode=$1
   shift
-  OUT="$WORK/$mode" DI_AB_BIN="$DEEPINFER" DI_AB_MODE=$mode DI_DEVICE=cpu DI_BENCH_MODEL=v41-tiny DI_BENCH_LAYERS=1 \
-    DI_BENCH_BATCH=1 DI_BENCH_ITERS=1 DI_AB_ROUNDS=1 bash "$AB" "DEEPINFER_X DEEPINFER_Y" >/dev/null 2>&1 ||
+  ab "DEEPINFER_X DEEPINFER_Y" OUT="$WORK/$mode" DI_AB_BIN="$DEEPINFER" DI_AB_MODE="$mode" ||
     bad "$mode: ab_matrix.sh failed"
   local got want tables
   got=$(grep '^round' "$WORK/$mode/ab_matrix.txt")
@@ -40,14 +46,12 @@ run_mode each "DEEPINFER_X=1 DEEPINFER_Y=1" "DEEPINFER_X=0 DEEPINFER_Y=1" "DEEPI
 run_mode alone "DEEPINFER_X=0 DEEPINFER_Y=0" "DEEPINFER_X=1 DEEPINFER_Y=0" "DEEPINFER_X=0 DEEPINFER_Y=1" \
   "DEEPINFER_X=1 DEEPINFER_Y=1"
 # DI_AB_FILE: another file, the earlier one kept
-OUT="$WORK/all" DI_AB_FILE=second.txt DI_AB_BIN="$DEEPINFER" DI_DEVICE=cpu DI_BENCH_MODEL=v41-tiny DI_BENCH_LAYERS=1 \
-  DI_BENCH_BATCH=1 DI_BENCH_ITERS=1 DI_AB_ROUNDS=1 bash "$AB" "DEEPINFER_X" >/dev/null 2>&1 || bad "DI_AB_FILE: failed"
+ab DEEPINFER_X OUT="$WORK/all" DI_AB_FILE=second.txt DI_AB_BIN="$DEEPINFER" || bad "DI_AB_FILE: failed"
 [[ $(grep -c '^round' "$WORK/all/second.txt") == 2 && $(grep -c '^round' "$WORK/all/ab_matrix.txt") == 4 ]] ||
   bad "DI_AB_FILE: second.txt or the first run's ab_matrix.txt is not as written"
 # DI_AB_BINS: each combination on each binary in turn; with no switches, the binaries alone
 ln -s "$DEEPINFER" "$WORK/other"
-OUT="$WORK/bins" DI_AB_BINS="$DEEPINFER $WORK/other" DI_DEVICE=cpu DI_BENCH_MODEL=v41-tiny DI_BENCH_LAYERS=1 \
-  DI_BENCH_BATCH=1 DI_BENCH_ITERS=1 DI_AB_ROUNDS=1 bash "$AB" "DEEPINFER_X" >/dev/null 2>&1 || bad "DI_AB_BINS: failed"
+ab DEEPINFER_X OUT="$WORK/bins" DI_AB_BINS="$DEEPINFER $WORK/other" || bad "DI_AB_BINS: failed"
 got=$(grep '^round' "$WORK/bins/ab_matrix.txt")
 want=$(printf 'round 1: bin %s: %s\n' "$DEEPINFER" DEEPINFER_X=1 "$WORK/other" DEEPINFER_X=1 "$DEEPINFER" DEEPINFER_X=0 \
   "$WORK/other" DEEPINFER_X=0)
@@ -55,8 +59,7 @@ want=$(printf 'round 1: bin %s: %s\n' "$DEEPINFER" DEEPINFER_X=1 "$WORK/other" D
 $got
 want:
 $want"
-OUT="$WORK/bins0" DI_AB_BINS="$DEEPINFER $WORK/other" DI_AB_MODE=each DI_DEVICE=cpu DI_BENCH_MODEL=v41-tiny \
-  DI_BENCH_LAYERS=1 DI_BENCH_BATCH=1 DI_BENCH_ITERS=1 DI_AB_ROUNDS=2 bash "$AB" "" >/dev/null 2>&1 ||
+ab "" OUT="$WORK/bins0" DI_AB_BINS="$DEEPINFER $WORK/other" DI_AB_MODE=each DI_AB_ROUNDS=2 ||
   bad "DI_AB_BINS without switches: failed"
 [[ $(grep -c '^round' "$WORK/bins0/ab_matrix.txt") == 4 &&
   $(grep -cE '^ +4096 +1 +[0-9.]+' "$WORK/bins0/ab_matrix.txt") == 4 ]] ||
