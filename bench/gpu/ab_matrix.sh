@@ -11,23 +11,31 @@
 # DI_AB_BINS="A B ...": deepinfer binaries to compare (a branch's build against main's, say): every combination
 # runs on each of them in turn, in each round ("round R: bin A: switches"); the switch list may then be empty
 # (ab_matrix.sh ""), for the binaries alone. The traces take the first binary.
+# DI_AB_BUILDS="main pr ...": the same with the binaries NAME/deepinfer of the bundle (tests/gpu/pack_builds.sh
+# packs several builds into one; DI_AB_BUNDLE names another bundle than build-gpu/bin.tar.xz).
 # Env: DI_BENCH_BATCH (default 1,2,8,64), DI_AB_ROUNDS (default 2), DI_BENCH_LAYERS (default 8),
 # DI_BENCH_ITERS (default 7), DI_AB_BIN (a deepinfer binary to use instead of the bundle's); DI_DEVICE=cpu and
 # DI_BENCH_MODEL=v41-tiny check the script off the GPU (tests/e2e/ab_matrix_e2e.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 switches=(${1-})
-if ((${#switches[@]} == 0)) && [[ -z ${DI_AB_BINS:-} ]]; then
-  echo 'usage: ab_matrix.sh "DEEPINFER_A DEEPINFER_B ..." (an empty list only with DI_AB_BINS)' >&2
+if ((${#switches[@]} == 0)) && [[ -z ${DI_AB_BINS:-}${DI_AB_BUILDS:-} ]]; then
+  echo 'usage: ab_matrix.sh "DEEPINFER_A DEEPINFER_B ..." (an empty list only with DI_AB_BINS or DI_AB_BUILDS)' >&2
   exit 2
 fi
 DEST=${OUT:-$PWD/build-gpu-run/out}
 mkdir -p "$DEST" || exit 2
 bins=(${DI_AB_BINS:-${DI_AB_BIN:-}})  # the binaries to run, else the bundle's
+labels=()                             # per binary, how its runs are named in the table
+for bin in "${bins[@]}"; do labels+=("${DI_AB_BINS:+bin $bin: }"); done
 if ((${#bins[@]} == 0)); then
   BIN_DIR=build-gpu-run/ab
-  rm -rf "$BIN_DIR" && mkdir -p "$BIN_DIR" && tar -xJf build-gpu/bin.tar.xz -C "$BIN_DIR" || exit 2
-  bins=("$BIN_DIR/deepinfer")
+  rm -rf "$BIN_DIR" && mkdir -p "$BIN_DIR" && tar -xJf "${DI_AB_BUNDLE:-build-gpu/bin.tar.xz}" -C "$BIN_DIR" || exit 2
+  for name in ${DI_AB_BUILDS:-.}; do
+    [[ -x $BIN_DIR/$name/deepinfer ]] || { echo "ab_matrix.sh: the bundle has no build '$name'" >&2; exit 2; }
+    bins+=("$BIN_DIR/$name/deepinfer")
+    labels+=("${DI_AB_BUILDS:+build $name: }")
+  done
 fi
 n=${#switches[@]} status=0
 switch_env() {  # switch_env MASK: the switches' assignments, switch i on where bit i of MASK is set
@@ -59,9 +67,9 @@ fi
 for round in $(seq "${DI_AB_ROUNDS:-2}"); do
   for mask in "${masks[@]}"; do
     switch_env "$mask"
-    for bin in "${bins[@]}"; do
-      echo "round $round: ${DI_AB_BINS:+bin $bin: }${env_set[*]}" >>"$out"
-      bench "$bin" --batch "${DI_BENCH_BATCH:-1,2,8,64}" --iters "${DI_BENCH_ITERS:-7}" 2>/dev/null |
+    for b in "${!bins[@]}"; do
+      echo "round $round: ${labels[b]}${env_set[*]}" >>"$out"
+      bench "${bins[b]}" --batch "${DI_BENCH_BATCH:-1,2,8,64}" --iters "${DI_BENCH_ITERS:-7}" 2>/dev/null |
         sed -n '/^decode steps/,/^$/p' >>"$out" || status=1
     done
   done

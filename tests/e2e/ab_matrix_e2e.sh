@@ -2,7 +2,8 @@
 # bench/gpu/ab_matrix.sh off the GPU (the v41-tiny model on the CPU): the combinations each mode runs, in
 # order (all: every one, all on first; each: all on, each off alone, all off; alone: all off, each on alone,
 # all on), each with its decode-steps table; DI_AB_FILE writes another file; DI_AB_BINS runs each combination on
-# each binary (and needs no switch); a missing switch list is an error.
+# each binary (and needs no switch); tests/gpu/pack_builds.sh packs builds that DI_AB_BUILDS runs; a missing
+# switch list is an error.
 # Usage: bash ab_matrix_e2e.sh <deepinfer-binary> <repo>/tests
 set -uo pipefail
 
@@ -64,6 +65,32 @@ ab "" OUT="$WORK/bins0" DI_AB_BINS="$DEEPINFER $WORK/other" DI_AB_MODE=each DI_A
 [[ $(grep -c '^round' "$WORK/bins0/ab_matrix.txt") == 4 &&
   $(grep -cE '^ +4096 +1 +[0-9.]+' "$WORK/bins0/ab_matrix.txt") == 4 ]] ||
   bad "DI_AB_BINS without switches: not one run per binary and round"
+# tests/gpu/pack_builds.sh + DI_AB_BUILDS: builds packed into one bundle (here two wrappers of the CPU binary),
+# the first's files at the top, each build's deepinfer under its name, run in turn
+PACK="$TESTS/gpu/pack_builds.sh"
+for name in one two; do
+  mkdir -p "$WORK/$name/tests"
+  printf '#!/bin/sh\nexec "%s" "$@"\n' "$DEEPINFER" >"$WORK/$name/deepinfer"
+  chmod +x "$WORK/$name/deepinfer"
+  echo "$name" >"$WORK/$name/tests/gpu_tests"
+  tar -cJf "$WORK/$name.tar.xz" -C "$WORK/$name" deepinfer tests/gpu_tests
+done
+DI_PACK_OUT="$WORK/packed.tar.xz" bash "$PACK" a="$WORK/one.tar.xz" b="$WORK/two.tar.xz" >/dev/null 2>&1 ||
+  bad "pack_builds.sh failed"
+got=$(tar -tJf "$WORK/packed.tar.xz" | sed 's|^\./||' | grep -v '/$' | sort | tr '\n' ' ')
+[[ $got == "a/deepinfer b/deepinfer deepinfer tests/gpu_tests " ]] || bad "pack_builds.sh: the bundle holds: $got"
+[[ $(tar -xJOf "$WORK/packed.tar.xz" ./tests/gpu_tests) == one ]] || bad "pack_builds.sh: not the first build's tests"
+ab "" OUT="$WORK/builds" DI_AB_BUNDLE="$WORK/packed.tar.xz" DI_AB_BUILDS="a b" || bad "DI_AB_BUILDS: failed"
+got=$(grep '^round' "$WORK/builds/ab_matrix.txt")
+want=$(printf 'round 1: build %s: \n' a b)
+[[ $got == "$want" && $(grep -cE '^ +4096 +1 +[0-9.]+' "$WORK/builds/ab_matrix.txt") == 2 ]] || bad "DI_AB_BUILDS: got
+$got
+want:
+$want"
+out=$(ab "" OUT="$WORK/builds" DI_AB_BUNDLE="$WORK/packed.tar.xz" DI_AB_BUILDS="a c" 2>&1; echo "rc $?")
+[[ $out == "rc 2" ]] || bad "DI_AB_BUILDS with a build the bundle lacks: $out"
+out=$(bash "$PACK" a="$WORK/missing.tar.xz" 2>&1)
+[[ $? -ne 0 && $out == *"no bundle at"* ]] || bad "pack_builds.sh with a missing bundle: $out"
 out=$(OUT="$WORK/none" DI_AB_BIN="$DEEPINFER" bash "$AB" 2>&1)
 rc=$?
 [[ $rc -ne 0 && $out == *usage* ]] || bad "no switches: rc $rc, output: $out"
