@@ -89,6 +89,8 @@ want:
 $want"
 out=$(ab "" OUT="$WORK/builds" DI_AB_BUNDLE="$WORK/packed.tar.xz" DI_AB_BUILDS="a c" 2>&1; echo "rc $?")
 [[ $out == "rc 2" ]] || bad "DI_AB_BUILDS with a build the bundle lacks: $out"
+out=$(bash "$PACK" tests="$WORK/one.tar.xz" 2>&1)
+[[ $? -ne 0 && $out == *"not deepinfer, tests or bench"* ]] || bad "pack_builds.sh with a build named tests: $out"
 out=$(bash "$PACK" a="$WORK/missing.tar.xz" 2>&1)
 [[ $? -ne 0 && $out == *"no bundle at"* ]] || bad "pack_builds.sh with a missing bundle: $out"
 out=$(OUT="$WORK/none" DI_AB_BIN="$DEEPINFER" bash "$AB" 2>&1)

@@ -16,8 +16,9 @@ trap 'rm -rf "$stage"' EXIT
 names=()
 for arg in "$@"; do
   name=${arg%%=*} bundle=${arg#*=}
-  if [[ $arg != *=* || ! $name =~ ^[A-Za-z0-9_-]+$ ]]; then
-    echo "pack_builds.sh: '$arg' is not NAME=BUNDLE (NAME: letters, digits, _ and -)" >&2
+  if [[ $arg != *=* || ! $name =~ ^[A-Za-z0-9_-]+$ || $name =~ ^(deepinfer|tests|bench)$ ]]; then
+    echo "pack_builds.sh: '$arg' is not NAME=BUNDLE (NAME: letters, digits, _ and -; not deepinfer, tests or bench," \
+      "the bundle's own files)" >&2
     exit 2
   fi
   [[ -f $bundle ]] || { echo "pack_builds.sh: $name: no bundle at $bundle" >&2; exit 2; }
