@@ -13,7 +13,6 @@ set -euo pipefail
 out=$(realpath -m "${DI_PACK_OUT:-$(dirname "$0")/../../build-gpu/bin.tar.xz}")
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-names=()
 for arg in "$@"; do
   name=${arg%%=*} bundle=${arg#*=}
   if [[ $arg != *=* || ! $name =~ ^[A-Za-z0-9_-]+$ || $name =~ ^(deepinfer|tests|bench)$ ]]; then
@@ -23,17 +22,17 @@ for arg in "$@"; do
   fi
   [[ -f $bundle ]] || { echo "pack_builds.sh: $name: no bundle at $bundle" >&2; exit 2; }
   [[ ! -e $stage/$name ]] || { echo "pack_builds.sh: build name $name given twice" >&2; exit 2; }
-  mkdir "$stage/$name"
-  tar -xJf "$bundle" -C "$stage/$name"
-  [[ -f $stage/$name/deepinfer ]] || { echo "pack_builds.sh: $name: $bundle has no deepinfer" >&2; exit 2; }
-  names+=("$name")
+  if [[ ! -e $stage/deepinfer ]]; then  # the first build: all its files, its deepinfer also under its name
+    tar -xJf "$bundle" -C "$stage"
+    [[ -f $stage/deepinfer ]] || { echo "pack_builds.sh: $name: $bundle has no deepinfer" >&2; exit 2; }
+    mkdir "$stage/$name"
+    ln "$stage/deepinfer" "$stage/$name/deepinfer"  # a hard link: tar stores it once
+  else
+    mkdir "$stage/$name"
+    tar -xJf "$bundle" -C "$stage/$name" deepinfer 2>/dev/null ||
+      { echo "pack_builds.sh: $name: $bundle has no deepinfer" >&2; exit 2; }
+  fi
 done
-first=${names[0]}
-(cd "$stage/$first" && find . -type f ! -path ./deepinfer) | while read -r f; do
-  mkdir -p "$stage/$(dirname "$f")" && mv "$stage/$first/$f" "$stage/$f"
-done
-ln "$stage/$first/deepinfer" "$stage/deepinfer"  # a hard link: tar stores it once
-for name in "${names[@]:1}"; do find "$stage/$name" -type f ! -name deepinfer -delete; done
 # the binaries next to each other, so that each is within the dictionary's reach of the one before
 (cd "$stage" && find . -type f | sort | tar -cf - -T - | xz -T1 --lzma2=preset=9,dict=256MiB >"$out")
 ls -la "$out"
