@@ -62,11 +62,19 @@ struct ParamBytes {
   uint4 v[kBytes / 16];
 };
 
+// A parameter read at a per-thread offset is a constant-bank load whose distinct addresses in a warp are
+// served one after another, so the copy reads 16-byte words (a 1 KB pointer list: 64 such loads, not 1024
+// byte loads), and bytes only for the tail or an unaligned dst.
 template <size_t kBytes>
 __global__ void store_param_bytes_kernel(ParamBytes<kBytes> src, uint8_t* __restrict__ dst, uint32_t bytes) {
   ::di::cuda::grid_dependency_wait();  // dst may be a block the kernels before this one still read
   const auto* b = reinterpret_cast<const uint8_t*>(src.v);
-  for (uint32_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = b[i];
+  uint32_t head = 0;
+  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    head = bytes & ~15u;
+    for (uint32_t i = threadIdx.x; i < head / 16; i += blockDim.x) reinterpret_cast<uint4*>(dst)[i] = src.v[i];
+  }
+  for (uint32_t i = head + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = b[i];
 }
 
 template <size_t kBytes>
