@@ -712,52 +712,63 @@ TEST_F(DenseOps, PackUnpackBitExact) {
 }
 
 // pack_rows_to / unpack_caches (a batch's window rings in one launch): the same bytes and values as
-// the CPU, rows assigned to three caches at random, some rows not written.
+// the CPU, rows assigned to three caches at random, some rows not written. Both ways to pass the row
+// addresses: as kernel parameters (at most 64 rows packed; caches of one size unpacked) and uploaded.
 TEST_F(DenseOps, PackToManyCachesAndUnpackThemBitExact) {
-  for (const FormatCase& fc : kFormatCases) {
-    SCOPED_TRACE(std::string("pack_rows_to ") + format_name(fc.f) + " dim=" + std::to_string(fc.dim));
-    const int64_t ring = 11, rb = packed_row_bytes(fc.f, fc.dim), s = 29;
-    std::vector<Tensor> cc, cg;
-    for (int i = 0; i < 3; ++i) {
-      std::vector<uint8_t> noise(static_cast<size_t>(ring * rb));
-      for (uint8_t& b : noise) b = static_cast<uint8_t>(rng().uniform_int(0, 255));
-      cc.push_back(cpu->zeros(TType::kU8, {ring, rb}));
-      std::memcpy(cc.back().u8(), noise.data(), noise.size());
-      cg.push_back(gpu->zeros(TType::kU8, {ring, rb}));
-      ASSERT_EQ(cudaMemcpy(cg.back().data, noise.data(), noise.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    }
-    std::vector<int32_t> cache_of(s);
-    std::vector<int64_t> slots(s);
-    std::vector<std::vector<int64_t>> free_slots(3);
-    for (auto& f : free_slots) {
-      for (int64_t i = 0; i < ring; ++i) f.push_back(i);
-      std::shuffle(f.begin(), f.end(), rng().gen);
-    }
-    for (int64_t r = 0; r < s; ++r) {  // distinct slots per cache, ~1 in 5 rows skipped
-      int c = static_cast<int>(rng().uniform_int(-1, 3));
-      if (c >= 3 || (c >= 0 && free_slots[c].empty())) c = -1;
-      cache_of[r] = c;
-      if (c >= 0) {
-        slots[r] = free_slots[c].back();
-        free_slots[c].pop_back();
+  struct Case {
+    std::vector<int64_t> rings;  // each cache's rows
+    int64_t s;                   // rows packed
+  };
+  for (const Case& k : {Case{{11, 11, 11}, 29}, Case{{11, 40, 37}, 83}}) {
+    for (const FormatCase& fc : kFormatCases) {
+      SCOPED_TRACE(std::string("pack_rows_to ") + format_name(fc.f) + " dim=" + std::to_string(fc.dim) +
+                   " rows=" + std::to_string(k.s) + " second ring=" + std::to_string(k.rings[1]));
+      const int64_t rb = packed_row_bytes(fc.f, fc.dim), s = k.s;
+      const int n_caches = static_cast<int>(k.rings.size());
+      std::vector<Tensor> cc, cg;
+      int64_t ring_rows = 0;
+      for (int64_t ring : k.rings) {
+        std::vector<uint8_t> noise(static_cast<size_t>(ring * rb));
+        for (uint8_t& b : noise) b = static_cast<uint8_t>(rng().uniform_int(0, 255));
+        cc.push_back(cpu->zeros(TType::kU8, {ring, rb}));
+        std::memcpy(cc.back().u8(), noise.data(), noise.size());
+        cg.push_back(gpu->zeros(TType::kU8, {ring, rb}));
+        ASSERT_EQ(cudaMemcpy(cg.back().data, noise.data(), noise.size(), cudaMemcpyHostToDevice), cudaSuccess);
+        ring_rows += ring;
       }
+      std::vector<int32_t> cache_of(s);
+      std::vector<int64_t> slots(s);
+      std::vector<std::vector<int64_t>> free_slots(k.rings.size());
+      for (size_t c = 0; c < free_slots.size(); ++c) {
+        for (int64_t i = 0; i < k.rings[c]; ++i) free_slots[c].push_back(i);
+        std::shuffle(free_slots[c].begin(), free_slots[c].end(), rng().gen);
+      }
+      for (int64_t r = 0; r < s; ++r) {  // distinct slots per cache, ~1 in 5 rows skipped
+        int c = static_cast<int>(rng().uniform_int(-1, n_caches));
+        if (c >= n_caches || (c >= 0 && free_slots[c].empty())) c = -1;
+        cache_of[r] = c;
+        if (c >= 0) {
+          slots[r] = free_slots[c].back();
+          free_slots[c].pop_back();
+        }
+      }
+      std::vector<float> xv = random_quant_rows(rng(), s, fc.dim);
+      Tensor xc = cpu->from_host_f32(xv, {s, fc.dim}), xg = gpu->from_host_f32(xv, {s, fc.dim});
+      cpu->pack_rows_to(xc, fc.f, cc, cache_of, slots);
+      gpu->pack_rows_to(xg, fc.f, cg, cache_of, slots);
+      for (int i = 0; i < n_caches; ++i) {
+        std::vector<uint8_t> want(cc[i].u8(), cc[i].u8() + cc[i].numel()), got = device_bytes(cg[i]);
+        EXPECT_EQ(got, want) << "cache " << i << ", " << seed_note();
+      }
+      Tensor yc = cpu->alloc(TType::kF32, {ring_rows + 2, fc.dim}), yg = gpu->alloc(TType::kF32, {ring_rows + 2, fc.dim});
+      cpu->unpack_caches(cc, fc.f, yc, 2);
+      gpu->unpack_caches(cg, fc.f, yg, 2);
+      std::vector<float> want = cpu->to_host_f32(yc), got = gpu->to_host_f32(yg);
+      want.erase(want.begin(), want.begin() + 2 * fc.dim);  // rows 0-1 are not written
+      got.erase(got.begin(), got.begin() + 2 * fc.dim);
+      const Compare c = compare(got, want);
+      EXPECT_EQ(c.mismatches, 0) << c.str() << ", " << seed_note();
     }
-    std::vector<float> xv = random_quant_rows(rng(), s, fc.dim);
-    Tensor xc = cpu->from_host_f32(xv, {s, fc.dim}), xg = gpu->from_host_f32(xv, {s, fc.dim});
-    cpu->pack_rows_to(xc, fc.f, cc, cache_of, slots);
-    gpu->pack_rows_to(xg, fc.f, cg, cache_of, slots);
-    for (int i = 0; i < 3; ++i) {
-      std::vector<uint8_t> want(cc[i].u8(), cc[i].u8() + cc[i].numel()), got = device_bytes(cg[i]);
-      EXPECT_EQ(got, want) << "cache " << i << ", " << seed_note();
-    }
-    Tensor yc = cpu->alloc(TType::kF32, {3 * ring + 2, fc.dim}), yg = gpu->alloc(TType::kF32, {3 * ring + 2, fc.dim});
-    cpu->unpack_caches(cc, fc.f, yc, 2);
-    gpu->unpack_caches(cg, fc.f, yg, 2);
-    std::vector<float> want = cpu->to_host_f32(yc), got = gpu->to_host_f32(yg);
-    want.erase(want.begin(), want.begin() + 2 * fc.dim);  // rows 0-1 are not written
-    got.erase(got.begin(), got.begin() + 2 * fc.dim);
-    const Compare c = compare(got, want);
-    EXPECT_EQ(c.mismatches, 0) << c.str() << ", " << seed_note();
   }
 }
 

@@ -238,18 +238,36 @@ __global__ void qdq_fp4_e4m3_block_kernel(float* __restrict__ x, int64_t nblocks
   for (int i = 0; i < 16; ++i) p[i] = cuda::dq::fp4_qdq_value(p[i], s);
 }
 
+// Row addresses for the pack and unpack kernels, as kernel parameters where a call touches few rows
+// (a decode step's ring writes and reads): an uploaded list is a launch of its own ahead of the kernel,
+// ~7 us on a batch-1 chain. Threads that index them share a row per warp, so the parameter loads broadcast.
+template <typename P>
+struct ParamRows {  // up to kMax row pointers
+  static constexpr int kMax = 64;
+  P p[kMax];
+  __device__ P operator[](int64_t r) const { return p[r]; }
+};
+struct ParamCaches {  // every row of up to kMax caches of rows_per rows each, in cache order
+  static constexpr int kMax = 64;
+  const uint8_t* base[kMax];
+  int64_t rows_per, row_bytes;
+  __device__ const uint8_t* operator[](int64_t r) const { return base[r / rows_per] + (r % rows_per) * row_bytes; }
+};
+
 // [S rows] one warp per 32 values of a row (n % 32 == 0): 4 B read per value, its codes and scales
 // written into rows[r] (the cache row of any cache; nullptr: row r is not written), as the row
-// quantizer writes them.
-__global__ void pack_warp_kernel(const float* __restrict__ x, int64_t S, int n, RowFormat f, uint8_t* const* __restrict__ rows) {
+// quantizer writes them. Rows: uint8_t* const* (an uploaded list) or ParamRows<uint8_t*>.
+template <typename Rows>
+__global__ void pack_warp_kernel(const float* __restrict__ x, int64_t S, int n, RowFormat f, Rows rows) {
   ::di::cuda::grid_dependency_wait();
   const int64_t seg = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int per_row = n / 32;
   const int64_t r = seg / per_row;
-  if (r >= S || rows[r] == nullptr) return;
+  if (r >= S) return;
+  uint8_t* row = rows[r];
+  if (row == nullptr) return;
   const int j = static_cast<int>(seg % per_row);
   const float* p = x + r * n + 32 * j;
-  uint8_t* row = rows[r];
   switch (f) {
     case RowFormat::kFp8Ue8m0: cuda::dq::warp_fp8_ue8m0_quant_row(p, 32, row + 32 * j, row + n + j); break;
     case RowFormat::kFp4E4m3: cuda::dq::warp_fp4_e4m3_quant_row(p, 32, row + 16 * j, row + n / 2 + 2 * j); break;
@@ -266,8 +284,10 @@ __global__ void pack_fp4_e4m3_serial_kernel(const float* __restrict__ x, int64_t
   cuda::dq::serial_fp4_e4m3_quant(x + r * n, n, row, row + n / 2);
 }
 
-// [S, dim] one thread per value: reads ~1 B (FP8) or ~0.6 B (FP4) and writes 4 B.
-__global__ void unpack_kernel(const uint8_t* const* __restrict__ rows, RowFormat f, int64_t S, int n, float* __restrict__ y) {
+// [S, dim] one thread per value: reads ~1 B (FP8) or ~0.6 B (FP4) and writes 4 B. Rows: const uint8_t*
+// const* (an uploaded list) or ParamCaches.
+template <typename Rows>
+__global__ void unpack_kernel(Rows rows, RowFormat f, int64_t S, int n, float* __restrict__ y) {
   ::di::cuda::grid_dependency_wait();
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < S * n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -485,10 +505,18 @@ void pack_to_rows(const Tensor& x, RowFormat format, const std::vector<uint8_t*>
   DI_CHECK(x.type == TType::kF32 && static_cast<int64_t>(rows.size()) == s);
   DI_CHECK(n % row_block(format) == 0 && n < (1LL << 31));
   if (s == 0 || n == 0) return;
+  const int blocks = static_cast<int>(blocks_for(s * n, kThreads));
+  if (n % 32 == 0 && s <= ParamRows<uint8_t*>::kMax) {
+    ParamRows<uint8_t*> params{};
+    std::copy(rows.begin(), rows.end(), params.p);
+    ::di::cuda::launch(pack_warp_kernel<ParamRows<uint8_t*>>, blocks, kThreads, 0, x.f32(), s, static_cast<int>(n),
+                       format, params);
+    return;
+  }
   Scratch drows = upload(rows);
   if (n % 32 == 0)
-    ::di::cuda::launch(pack_warp_kernel, static_cast<int>(blocks_for(s * n, kThreads)), kThreads, 0, x.f32(), s,
-                       static_cast<int>(n), format, drows.as<uint8_t*>());
+    ::di::cuda::launch(pack_warp_kernel<uint8_t* const*>, blocks, kThreads, 0, x.f32(), s, static_cast<int>(n), format,
+                       static_cast<uint8_t* const*>(drows.as<uint8_t*>()));
   else  // kFp4E4m3, n % 32 == 16
     ::di::cuda::launch(pack_fp4_e4m3_serial_kernel, static_cast<int>(blocks_for(s, kThreads)), kThreads, 0, x.f32(), s,
                        static_cast<int>(n), drows.as<uint8_t*>());
@@ -500,8 +528,8 @@ void unpack_from_rows(const std::vector<const uint8_t*>& rows, RowFormat format,
   DI_CHECK(dim % row_block(format) == 0 && dim < (1LL << 31));
   if (s * dim == 0) return;
   Scratch drows = upload(rows);
-  ::di::cuda::launch(unpack_kernel, grid_for(s * dim), kThreads, 0, drows.as<const uint8_t*>(), format, s,
-                     static_cast<int>(dim), y);
+  ::di::cuda::launch(unpack_kernel<const uint8_t* const*>, grid_for(s * dim), kThreads, 0,
+                     static_cast<const uint8_t* const*>(drows.as<const uint8_t*>()), format, s, static_cast<int>(dim), y);
 }
 
 }  // namespace
@@ -548,14 +576,30 @@ Tensor CudaBackend::unpack_rows(const Tensor& cache, RowFormat format, int64_t d
 
 void CudaBackend::unpack_caches(const std::vector<Tensor>& caches, RowFormat format, Tensor& dst, int64_t d0) {
   const int64_t dim = dst.row_size(), rb = packed_row_bytes(format, dim);
-  DI_CHECK(dst.type == TType::kF32);
-  std::vector<const uint8_t*> rows;
+  DI_CHECK(dst.type == TType::kF32 && dim % row_block(format) == 0 && dim < (1LL << 31));
+  int64_t total = 0;
+  bool same_rows = caches.size() <= ParamCaches::kMax;
   for (const Tensor& c : caches) {
     DI_CHECK(c.type == TType::kU8 && c.row_size() == rb);
-    for (int64_t i = 0; i < c.rows(); ++i) rows.push_back(c.u8() + i * rb);
+    total += c.rows();
+    same_rows = same_rows && c.rows() == caches[0].rows();
   }
-  DI_CHECK(d0 >= 0 && d0 + static_cast<int64_t>(rows.size()) <= dst.rows());
-  unpack_from_rows(rows, format, dim, dst.f32() + d0 * dim);
+  DI_CHECK(d0 >= 0 && d0 + total <= dst.rows());
+  if (total == 0) return;
+  float* y = dst.f32() + d0 * dim;
+  if (same_rows) {  // every cache of the same size (a layer's rings): their bases as parameters
+    ParamCaches params{};
+    for (size_t i = 0; i < caches.size(); ++i) params.base[i] = caches[i].u8();
+    params.rows_per = caches[0].rows();
+    params.row_bytes = rb;
+    ::di::cuda::launch(unpack_kernel<ParamCaches>, grid_for(total * dim), kThreads, 0, params, format, total,
+                       static_cast<int>(dim), y);
+    return;
+  }
+  std::vector<const uint8_t*> rows;
+  for (const Tensor& c : caches)
+    for (int64_t i = 0; i < c.rows(); ++i) rows.push_back(c.u8() + i * rb);
+  unpack_from_rows(rows, format, dim, y);
 }
 
 }  // namespace di
