@@ -19,6 +19,10 @@ void synchronize();  // waits for all device work
 // Starts / stops the device profiler's capture range (cudaProfilerStart / Stop), for profiling one
 // region with `ncu --profile-from-start off`; a no-op without a device.
 void profiler_range(bool start);
+// The CUDA backend's current stream waits `ms` on the device (one spinning thread), so that the host issues
+// what follows before the device starts it: a region timed or traced after it shows the device alone,
+// never waiting for the host. Throws without the CUDA backend.
+void hold(double ms);
 
 // The device's kernel timeline over a region (CUPTI activity records; libcupti is loaded at run time,
 // so nothing links against it): kernel_trace_start() begins recording every kernel's start and end on

@@ -11,6 +11,7 @@ bool available() { return false; }
 std::string name() { return ""; }
 void synchronize() {}
 void profiler_range(bool) {}
+void hold(double) { throw Error("device hold: this build has no CUDA backend"); }
 void kernel_trace_start() { throw Error("kernel trace: this build has no CUDA backend"); }
 std::vector<KernelRecord> kernel_trace_stop() { return {}; }
 StreamMarks::~StreamMarks() = default;

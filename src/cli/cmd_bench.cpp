@@ -2,7 +2,7 @@
 //                 [--batch 1,8,64,256] [--context 4096,32768] [--prefill 8192] [--prefill-chunk 2048]
 //                 [--iters 3] [--prefill-iters 1] [--profile-batch 1] [--no-profile] [--no-ceilings]
 //                 [--time-budget SECONDS] [--seed S] [--batch-invariant] [--fast-fp4-gemm] [--profiler-range]
-//                 [--kernel-trace FILE] [--json]
+//                 [--kernel-trace FILE] [--hold-ms MS] [--json]
 // Decode steps and prefill timed as a whole, per layer and per op, with bytes, FLOPs and roofline
 // efficiency against ceilings measured in the same run (runtime/bench_run.h). --synthetic builds a
 // random checkpoint with the released dimensions (model/synthetic_checkpoint.h), generated straight
@@ -15,7 +15,9 @@
 // decode step of each batch runs inside cudaProfilerStart / Stop, so that
 // `ncu --profile-from-start off` times that step's kernels alone. --kernel-trace FILE: the kernels of one more
 // plain step after the timed ones (not in the times), as the device ran them (start, end, stream; CUPTI,
-// device_tools.h), appended to FILE as CSV (bench/gpu/trace_summary.py reads it).
+// device_tools.h), appended to FILE as CSV (bench/gpu/trace_summary.py reads it). --hold-ms MS: every plain
+// decode step (and the traced one) starts behind a device wait of MS ms, during which the host issues it, and
+// is timed on the device from the wait's end: the step as the device runs it when the host is never late.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -54,7 +56,7 @@ ProfilingBackend::PrepareHook synthetic_device_hook(std::shared_ptr<const Synthe
 int cmd_bench(const Argv& argv) {
   Args args(argv,
             {"model", "synthetic", "layers", "device", "batch", "context", "prefill", "prefill-chunk", "iters",
-             "prefill-iters", "profile-batch", "seed", "time-budget", "kernel-trace"},
+             "prefill-iters", "profile-batch", "seed", "time-budget", "kernel-trace", "hold-ms"},
             {"json", "no-profile", "no-ceilings", "batch-invariant", "profiler-range", "fast-fp4-gemm"});
   const std::string device_name = args.get_or("device", "cpu");
   if (args.has("model") == args.has("synthetic")) throw Error("bench: give exactly one of --model DIR or --synthetic PRESET");
@@ -72,6 +74,9 @@ int cmd_bench(const Argv& argv) {
   o.profiler_range = args.flag("profiler-range");
   o.kernel_trace = args.get_or("kernel-trace", "");
   if (!o.kernel_trace.empty() && device_name != "cuda") throw Error("bench: --kernel-trace needs --device cuda");
+  o.hold_ms = args.get_double_or("hold-ms", 0);
+  if (o.hold_ms < 0 || o.hold_ms > 1000) throw Error("bench: --hold-ms must be within [0, 1000]");
+  if (o.hold_ms > 0 && device_name != "cuda") throw Error("bench: --hold-ms needs --device cuda");
   if (args.flag("no-profile")) {
     o.profile_batches.clear();
     o.profile_prefill = false;

@@ -159,14 +159,14 @@ BenchRecord base_record(const char* kind, const char* phase, int64_t context, in
 }
 
 struct StepTimes {
-  double step_s = 0;     // start to the device finishing (logits on the host)
+  double step_s = 0;     // start to the device finishing (logits on the host); held: device time only
   double enqueue_s = 0;  // start to the host having issued the last layer (plain steps only)
 };
 
 // One decode step: one random token for every sequence, in one batched forward (as the engine's
 // decode step). The token ids are drawn before the clock starts. A plain step (no clock) also
 // records when the host has issued every layer: near the step time, the host is the bottleneck.
-StepTimes decode_step(Ctx& c, std::vector<SequenceState>& states, SectionClock* clock) {
+StepTimes decode_step(Ctx& c, std::vector<SequenceState>& states, SectionClock* clock, double hold_ms = 0) {
   const uint64_t vocab = static_cast<uint64_t>(c.model.config().vocab_size);
   std::vector<BatchEntry> entries(states.size());
   for (size_t i = 0; i < states.size(); ++i) {
@@ -181,11 +181,17 @@ StepTimes decode_step(Ctx& c, std::vector<SequenceState>& states, SectionClock* 
   issued.after_block = [&](int l, const Tensor&, const Tensor&) {
     if (l == c.n_layers() - 1) t.enqueue_s = seconds_since(t0);
   };
+  device::StreamMarks held;  // hold_ms > 0: the device's start and end of the step
+  if (hold_ms > 0) {
+    device::hold(hold_ms);
+    held.record();
+  }
   if (clock) clock->begin();
   c.model.forward_batch(entries, clock ? clock->hooks() : &issued);
   if (clock) clock->end();
+  if (hold_ms > 0) held.record();
   c.pb.synchronize();
-  t.step_s = seconds_since(t0);
+  t.step_s = hold_ms > 0 ? held.seconds_between().at(0) : seconds_since(t0);
   return t;
 }
 
@@ -359,7 +365,7 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
   for (int i = 0; i < iters; ++i) {
     const bool last = i == iters - 1;
     if (o.profiler_range && last) device::profiler_range(true);
-    const StepTimes t = decode_step(c, states, nullptr);
+    const StepTimes t = decode_step(c, states, nullptr, o.hold_ms);
     if (o.profiler_range && last) device::profiler_range(false);
     times.push_back(t.step_s);
     enqueue.push_back(t.enqueue_s);
@@ -367,14 +373,14 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
   // the kernel trace: one more plain step, outside the times (CUPTI slows the host's first launches)
   if (!o.kernel_trace.empty()) {
     device::kernel_trace_start();
-    decode_step(c, states, nullptr);
+    decode_step(c, states, nullptr, o.hold_ms);
     append_kernel_trace(o.kernel_trace, context, batch, device::kernel_trace_stop());
   }
   std::sort(times.begin(), times.end());
   std::sort(enqueue.begin(), enqueue.end());
   const double med = times[times.size() / 2];
   BenchRecord d = base_record("decode", "decode", context, batch);
-  d["mode"] = "batched";
+  d["mode"] = o.hold_ms > 0 ? "held" : "batched";
   d["iters"] = static_cast<int64_t>(times.size());
   d["step_ms"] = round_to(med * 1e3, 1e-4);
   d["step_ms_min"] = round_to(times.front() * 1e3, 1e-4);

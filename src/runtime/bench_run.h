@@ -37,6 +37,9 @@ struct BenchOptions {
   std::string kernel_trace;                            // non-empty: one more decode step of each batch, after
                                                        // the timed ones, traced (device::kernel_trace_*), CSV
                                                        // rows appended here
+  double hold_ms = 0;                                  // > 0: plain and traced decode steps start behind a
+                                                       // device wait this long (device::hold) and are timed
+                                                       // on the device from its end
 };
 
 struct BenchCeilings {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `deepinfer bench --kernel-trace` off the GPU fails with a message, and bench/gpu/trace_summary.py reads a
+# `deepinfer bench --kernel-trace` (and --hold-ms) off the GPU or out of range fails with a message, and bench/gpu/trace_summary.py reads a
 # kernel trace (a hand-made one: the real ones need a GPU): per-stream intervals (a kernel's end minus the
 # previous kernel's end on its stream, PDL overlap included) and --waits (idle gaps, by the other stream's
 # kernel that ended last inside the gap, else the host).
@@ -23,6 +23,11 @@ out=$("$DEEPINFER" bench --synthetic v41-tiny --device cpu --no-ceilings --kerne
 rc=$?
 [[ $rc -ne 0 && $out == *"--kernel-trace needs --device cuda"* ]] || bad "cpu --kernel-trace: rc $rc, output: $out"
 [[ ! -e $WORK/t.csv ]] || bad "cpu --kernel-trace wrote a file"
+for args in "--device cpu --hold-ms 5" "--device cuda --hold-ms -1" "--device cuda --hold-ms 2000"; do
+  out=$("$DEEPINFER" bench --synthetic v41-tiny --no-ceilings $args 2>&1)
+  rc=$?
+  [[ $rc -ne 0 && $out == *"--hold-ms"* ]] || bad "bench $args: rc $rc, output: $out"
+done
 
 # main stream 7: a (0-10), b launched early under PDL (5-20), c starts at 30 after the side kernel s ended at
 # 28 (a join: 10 us idle), d starts at 45 with nothing ending in its gap (the host: 10 us idle).

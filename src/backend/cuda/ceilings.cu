@@ -34,6 +34,22 @@ void synchronize() { DI_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 void profiler_range(bool start) { DI_CUDA_CHECK(start ? cudaProfilerStart() : cudaProfilerStop()); }
 
+namespace {
+__global__ void hold_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+}  // namespace
+
+void hold(double ms) {
+  hold_kernel<<<1, 1, 0, cuda::current_stream()>>>(static_cast<uint64_t>(ms * 1e6));
+  DI_CUDA_LAUNCH_CHECK();
+}
+
 StreamMarks::~StreamMarks() {
   for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
 }
