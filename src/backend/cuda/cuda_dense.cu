@@ -315,12 +315,12 @@ __global__ void unpack_fp8_x4_kernel(ParamCaches rows, int64_t S, int n, float* 
     const uint8_t* row = rows[r];
     const uint32_t codes = *reinterpret_cast<const uint32_t*>(row + i);
     const float s = cuda::e8m0_to_float(row[n + i / 32]);
-    float4 v;
-    v.x = cuda::dq::round_bf16(__fmul_rn(cuda::e4m3_to_float(static_cast<uint8_t>(codes)), s));
-    v.y = cuda::dq::round_bf16(__fmul_rn(cuda::e4m3_to_float(static_cast<uint8_t>(codes >> 8)), s));
-    v.z = cuda::dq::round_bf16(__fmul_rn(cuda::e4m3_to_float(static_cast<uint8_t>(codes >> 16)), s));
-    v.w = cuda::dq::round_bf16(__fmul_rn(cuda::e4m3_to_float(static_cast<uint8_t>(codes >> 24)), s));
-    reinterpret_cast<float4*>(y)[e] = v;
+    using cuda::dq::fp8_ue8m0_dequant;
+    reinterpret_cast<float4*>(y)[e] =
+        make_float4(fp8_ue8m0_dequant(static_cast<uint8_t>(codes), s),
+                    fp8_ue8m0_dequant(static_cast<uint8_t>(codes >> 8), s),
+                    fp8_ue8m0_dequant(static_cast<uint8_t>(codes >> 16), s),
+                    fp8_ue8m0_dequant(static_cast<uint8_t>(codes >> 24), s));
   }
 }
 
@@ -550,8 +550,9 @@ void unpack_from_rows(const std::vector<const uint8_t*>& rows, RowFormat format,
   DI_CHECK(dim % row_block(format) == 0 && dim < (1LL << 31));
   if (s * dim == 0) return;
   Scratch drows = upload(rows);
-  ::di::cuda::launch(unpack_kernel<const uint8_t* const*>, grid_for(s * dim), kThreads, 0,
-                     static_cast<const uint8_t* const*>(drows.as<const uint8_t*>()), format, s, static_cast<int>(dim), y);
+  const uint8_t* const* list = drows.as<const uint8_t*>();
+  ::di::cuda::launch(unpack_kernel<const uint8_t* const*>, grid_for(s * dim), kThreads, 0, list, format, s,
+                     static_cast<int>(dim), y);
 }
 
 }  // namespace

@@ -228,8 +228,11 @@ __device__ __forceinline__ void warp_fp4_ue8m0_qdq_row(const float* x, float* y,
 
 // ---- dequantizers of the packed forms (element i of a row; any thread mapping) ----------------------
 
+__device__ __forceinline__ float fp8_ue8m0_dequant(uint8_t code, float scale) {  // scale: the block's E8M0 value
+  return round_bf16(__fmul_rn(e4m3_to_float(code), scale));
+}
 __device__ __forceinline__ float fp8_ue8m0_dequant_at(const uint8_t* codes, const uint8_t* scales, int i) {
-  return round_bf16(__fmul_rn(e4m3_to_float(codes[i]), e8m0_to_float(scales[i / 32])));
+  return fp8_ue8m0_dequant(codes[i], e8m0_to_float(scales[i / 32]));
 }
 __device__ __forceinline__ float fp4_e4m3_dequant_at(const uint8_t* packed, const uint8_t* scales, int i) {
   const uint32_t code = (i & 1) ? (packed[i / 2] >> 4) : (packed[i / 2] & 0x0Fu);
