@@ -403,6 +403,27 @@ TEST_F(DenseOps, EmbedBitExact) {
   }
 }
 
+// An id outside the table: NaN rows, and the next copy to the host throws (the embed launch itself does
+// not wait for the device); the flag is cleared, so the backend goes on working.
+TEST_F(DenseOps, EmbedOutOfRangeIdFailsAtTheNextReadBack) {
+  const int64_t vocab = 100, d = 64;
+  OwnedWeight table = gputest::random_bf16_weight(rng(), vocab, d, *gpu, 1.0f);
+  for (int32_t bad : {static_cast<int32_t>(vocab), -1}) {
+    const std::vector<int32_t> ids = {3, bad, 7};
+    Tensor y = gpu->embed(gpu->from_host_i32(ids, {3}), table.w);
+    try {
+      (void)gpu->to_host_f32(y);
+      ADD_FAILURE() << "id " << bad << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+    }
+    const std::vector<int32_t> good = {static_cast<int32_t>(vocab - 1), 0};
+    const std::vector<float> yc = cpu->to_host_f32(cpu->embed(cpu->from_host_i32(good, {2}), table.w));
+    const std::vector<float> yg = gpu->to_host_f32(gpu->embed(gpu->from_host_i32(good, {2}), table.w));
+    EXPECT_EQ(compare(yg, yc).mismatches, 0) << "after the error, id " << bad;
+  }
+}
+
 TEST_F(DenseOps, RmsNorm) {
   for (int64_t s : {1, 3, 17, 130})
     for (int64_t n : {96, 100, 4096, 5127, 20480}) {  // 5127: a 7-element tail after whole load batches

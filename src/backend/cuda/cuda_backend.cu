@@ -95,6 +95,19 @@ CudaBackend::PinnedBuffer::~PinnedBuffer() {
   if (data) cudaFreeHost(data);
 }
 
+int* CudaBackend::embed_bad_flag() {
+  if (!embed_bad_.data) *static_cast<int*>(embed_bad_.reserve(sizeof(int))) = 0;
+  return static_cast<int*>(embed_bad_.data);  // pinned memory is mapped for the device (unified addressing)
+}
+
+void CudaBackend::check_embed_ids() {
+  if (!embed_bad_.data) return;
+  volatile int* bad = static_cast<volatile int*>(embed_bad_.data);
+  if (*bad == 0) return;
+  *bad = 0;
+  throw Error("embed: a token id out of range of the embedding table (its rows are NaN)");
+}
+
 void CudaBackend::side_begin() { cuda::side_begin(); }
 void CudaBackend::side_end() { cuda::side_end(); }
 void CudaBackend::side_join() { cuda::side_join(); }
@@ -107,12 +120,13 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
   cuda::side_join();
   if (bytes < (size_t{1} << 20)) {  // small: the pageable path's fixed cost is lower
     DI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-    return;
+    return check_embed_ids();
   }
   std::lock_guard<std::mutex> lock(staging_mutex_);
   void* pinned = staging_.reserve(bytes);
   DI_CUDA_CHECK(cudaMemcpy(pinned, src, bytes, cudaMemcpyDeviceToHost));
   std::memcpy(dst, pinned, bytes);
+  check_embed_ids();
 }
 
 Tensor CudaBackend::alloc(TType type, const std::vector<int64_t>& shape) {
@@ -159,6 +173,7 @@ std::span<const float> CudaBackend::to_host_f32_staged(const Tensor& t) {
   auto* host = static_cast<float*>(staged_view_.reserve(n * 4));
   cuda::side_join();
   DI_CUDA_CHECK(cudaMemcpy(host, t.data, n * 4, cudaMemcpyDeviceToHost));
+  check_embed_ids();
   return {host, n};
 }
 

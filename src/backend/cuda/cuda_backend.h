@@ -127,6 +127,12 @@ class CudaBackend final : public Backend {
   std::mutex staging_mutex_;
   PinnedBuffer staged_view_;  // to_host_f32_staged's buffer, handed to the caller
   void copy_to_host(void* dst, const void* src, size_t bytes);
+  // embed's out-of-range flag: the CPU backend checks every id as it embeds; here the kernel sets this
+  // pinned host word and every copy to the host (which waits for the stream) checks and clears it. A
+  // read-back in embed itself held the host ~60 us at the start of every decode step, the GPU idle.
+  PinnedBuffer embed_bad_;
+  int* embed_bad_flag();
+  void check_embed_ids();
   int64_t weight_bytes_ = 0;
   std::unique_ptr<cuda::UploadCache> rope_uploads_;  // RoPE's positions and frequency tables
   std::unique_ptr<cuda::UploadCache> page_uploads_;  // the batch's page tables (the same for every layer of a step)
