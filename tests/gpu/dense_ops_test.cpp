@@ -33,6 +33,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/split_fixup.h"
+#include "core/error.h"
 #include "gpu_test_util.h"
 #include "model/quant.h"
 
