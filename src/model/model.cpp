@@ -64,8 +64,22 @@ Tensor Model::one_hot_pre(int64_t n) {
 
 Tensor Model::repeat_streams(const Tensor& x) {
   // [n, D] -> [n, hc * D]: every stream starts as the embedding.
-  Tensor h = x;
-  for (int k = 1; k < cfg_.hc_mult; ++k) h = backend_.concat_cols(h, x);
+  const int64_t n = x.rows(), hc = cfg_.hc_mult;
+  // Decode sizes: one batched copy (one launch on CUDA), not hc - 1 concatenations of two copies each, a few
+  // us of host time apiece at the start of a step, where the device waits for the host.
+  constexpr int64_t kBatchedRows = 512;
+  if (hc == 1 || n * hc > kBatchedRows) {
+    Tensor h = x;
+    for (int k = 1; k < hc; ++k) h = backend_.concat_cols(h, x);
+    return h;
+  }
+  Tensor h = backend_.alloc(x.type, {n, hc * x.row_size()});
+  Tensor streams = h;  // the same storage as [n * hc, D]: row i * hc + k is stream k of row i
+  streams.shape = {n * hc, x.row_size()};
+  std::vector<Backend::RowCopy> copies;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < hc; ++k) copies.push_back({streams, i * hc + k, x, i, 1});
+  backend_.copy_rows_batch(copies);
   return h;
 }
 
