@@ -86,17 +86,22 @@ void print_bench_tables(const std::vector<BenchRecord>& rs, std::FILE* out, int 
   for (const BenchRecord* r : of_kind(rs, "op")) ops[pass_of(*r)].push_back(r);
   for (const auto& [key, list] : layers) {
     std::fprintf(out, "\nlayers, %s\n", pass_name(key).c_str());
-    // time: the layer between two synchronisations; in step: its share of a plain step (device events)
-    std::fprintf(out, "  %-6s %-16s %11s %10s %10s %8s %9s %11s %7s %11s %7s\n", "layer", "kind", "time us", "MB", "GFLOP",
-                 "TB/s", "TFLOP/s", "floor us", "eff %", "in step us", "eff %");
+    // time: the layer between two synchronisations; in step: its share of a plain step (device events);
+    // host: the host's time to issue it in that step (near or past in step, the device waits for the host)
+    std::fprintf(out, "  %-6s %-16s %11s %10s %10s %8s %9s %11s %7s %11s %7s %9s\n", "layer", "kind", "time us", "MB",
+                 "GFLOP", "TB/s", "TFLOP/s", "floor us", "eff %", "in step us", "eff %", "host us");
     for (const BenchRecord* r : list) {
       std::fprintf(out, "  %-6s %-16s %11.1f %10.2f %10.3f %8.3f %9.3f %11.1f %7.2f", str(*r, "layer").c_str(),
                    str(*r, "layer_kind").c_str(), num(*r, "time_us"), num(*r, "bytes") / 1e6, num(*r, "flops") / 1e9,
                    num(*r, "tb_s"), num(*r, "tflop_s"), num(*r, "floor_us"), 100 * num(*r, "efficiency"));
       if (r->contains("in_step_us"))
-        std::fprintf(out, " %11.1f %7.2f\n", num(*r, "in_step_us"), 100 * num(*r, "in_step_efficiency"));
+        std::fprintf(out, " %11.1f %7.2f", num(*r, "in_step_us"), 100 * num(*r, "in_step_efficiency"));
       else
-        std::fprintf(out, " %11s %7s\n", "-", "-");
+        std::fprintf(out, " %11s %7s", "-", "-");
+      if (r->contains("host_issue_us"))
+        std::fprintf(out, " %9.1f\n", num(*r, "host_issue_us"));
+      else
+        std::fprintf(out, " %9s\n", "-");
     }
   }
   for (const auto& [key, list] : ops) {

@@ -74,6 +74,8 @@ class SectionClock {
     order_.clear();
   }
   const std::map<int, double>& seconds() const { return seconds_; }
+  // kMarks: the host's time to issue each section (its ops' launches; the device runs behind it)
+  const std::map<int, double>& host_seconds() const { return host_seconds_; }
 
  private:
   void lap(int next) {
@@ -85,6 +87,9 @@ class SectionClock {
     } else if (timing_ == Timing::kMarks) {
       marks_.record();
       if (next != ProfilingBackend::kNoSection) order_.push_back(next);
+      const auto now = Clock::now();
+      host_seconds_[pb_.section()] += std::chrono::duration<double>(now - mark_).count();
+      mark_ = now;
     }
     pb_.set_section(next);
   }
@@ -93,7 +98,7 @@ class SectionClock {
   Timing timing_;
   ForwardHooks hooks_;
   Clock::time_point mark_;
-  std::map<int, double> seconds_;
+  std::map<int, double> seconds_, host_seconds_;
   device::StreamMarks marks_;
   std::vector<int> order_;  // kMarks: the section each mark opens
 };
@@ -245,11 +250,16 @@ void emit_memory(Ctx& c, const char* phase, int64_t context, int batch, const st
   c.sink(r);
 }
 
+// Each section's share of a plain step (device events at its boundaries) and the host's time to issue it.
+struct InStep {
+  std::map<int, double> device_s, host_s;
+};
+
 // Per-layer records from a section-timed pass and the counted costs, with each section's share of a plain
 // step where `in_step` has it; returns the seconds per kind.
 std::map<std::string, std::vector<double>> emit_layers(Ctx& c, const char* phase, int64_t context, int batch,
                                                        const SectionClock& clock, const std::map<int, Cost>& costs,
-                                                       const std::map<int, double>& in_step = {}) {
+                                                       const InStep& in_step = {}) {
   std::map<std::string, std::vector<double>> by_kind;
   for (const auto& [section, secs] : clock.seconds()) {
     if (section == ProfilingBackend::kNoSection) continue;
@@ -260,10 +270,12 @@ std::map<std::string, std::vector<double>> emit_layers(Ctx& c, const char* phase
     r["layer_kind"] = c.kind_of(section);
     r["time_us"] = round_to(secs * 1e6, 1e-3);
     add_rates(r, secs, cost.bytes, cost.flops, cost.floor_s);
-    if (const auto st = in_step.find(section); st != in_step.end()) {
+    if (const auto st = in_step.device_s.find(section); st != in_step.device_s.end()) {
       r["in_step_us"] = round_to(st->second * 1e6, 1e-3);
       r["in_step_efficiency"] = st->second > 0 ? round_to(cost.floor_s / st->second, 1e-5) : 0.0;
     }
+    if (const auto h = in_step.host_s.find(section); h != in_step.host_s.end())
+      r["host_issue_us"] = round_to(h->second * 1e6, 1e-3);
     c.sink(r);
     by_kind[c.kind_of(section)].push_back(secs);
   }
@@ -318,20 +330,26 @@ std::optional<double> projected_40_layers(const std::map<std::string, std::vecto
 }
 
 // Each section's share of a plain decode step (device events at the layer boundaries, no
-// synchronisation), the median of three steps; empty off the CUDA backend.
-std::map<int, double> in_step_seconds(Ctx& c, std::vector<SequenceState>& states) {
-  std::map<int, double> out;
+// synchronisation) and the host's time to issue it, the medians of three steps; empty off the CUDA backend.
+// Where a section's host time reaches its device time, the device waits for the host there.
+InStep in_step_seconds(Ctx& c, std::vector<SequenceState>& states) {
+  InStep out;
   if (c.pb.name() != "cuda") return out;
-  std::map<int, std::vector<double>> runs;
+  std::map<int, std::vector<double>> device_runs, host_runs;
   for (int i = 0; i < 3; ++i) {
     SectionClock marks(c.pb, c.n_layers(), SectionClock::Timing::kMarks);
     decode_step(c, states, &marks);
-    for (const auto& [section, secs] : marks.seconds()) runs[section].push_back(secs);
+    for (const auto& [section, secs] : marks.seconds()) device_runs[section].push_back(secs);
+    for (const auto& [section, secs] : marks.host_seconds()) host_runs[section].push_back(secs);
   }
-  for (auto& [section, v] : runs) {
-    std::sort(v.begin(), v.end());
-    out[section] = v[v.size() / 2];
-  }
+  auto medians = [](std::map<int, std::vector<double>>& runs, std::map<int, double>& to) {
+    for (auto& [section, v] : runs) {
+      std::sort(v.begin(), v.end());
+      to[section] = v[v.size() / 2];
+    }
+  };
+  medians(device_runs, out.device_s);
+  medians(host_runs, out.host_s);
   return out;
 }
 
