@@ -120,7 +120,8 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
   cuda::side_join();
   if (bytes < (size_t{1} << 20)) {  // small: the pageable path's fixed cost is lower
     DI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-    return check_embed_ids();
+    check_embed_ids();
+    return;
   }
   std::lock_guard<std::mutex> lock(staging_mutex_);
   void* pinned = staging_.reserve(bytes);
