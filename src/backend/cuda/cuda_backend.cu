@@ -120,13 +120,12 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
   cuda::side_join();
   if (bytes < (size_t{1} << 20)) {  // small: the pageable path's fixed cost is lower
     DI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-    check_embed_ids();
-    return;
+  } else {
+    std::lock_guard<std::mutex> lock(staging_mutex_);
+    void* pinned = staging_.reserve(bytes);
+    DI_CUDA_CHECK(cudaMemcpy(pinned, src, bytes, cudaMemcpyDeviceToHost));
+    std::memcpy(dst, pinned, bytes);
   }
-  std::lock_guard<std::mutex> lock(staging_mutex_);
-  void* pinned = staging_.reserve(bytes);
-  DI_CUDA_CHECK(cudaMemcpy(pinned, src, bytes, cudaMemcpyDeviceToHost));
-  std::memcpy(dst, pinned, bytes);
   check_embed_ids();
 }
 
