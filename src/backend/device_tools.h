@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,28 @@ class StreamMarks {
 
  private:
   std::vector<void*> events_;  // cudaEvent_t
+};
+
+// A CUDA graph of the device work that `issue` makes (one decode step), captured once and launched again
+// with the same inputs: what a step costs when the host issues it as one graph instead of kernel by kernel.
+// The capture runs `issue` on a created stream as the backend's main stream (the legacy default stream
+// cannot be captured); inside it nothing may wait for the device: a read-back other than
+// to_host_f32_staged, or an upload too large for the staging ring, throws. Measuring only: every replay
+// recomputes the captured step into the same buffers, which the backend has since handed back to its
+// block cache, so nothing else may run on the device between replays.
+class StepGraph {
+ public:
+  explicit StepGraph(const std::function<void()>& issue);
+  ~StepGraph();
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+  double replay();  // seconds from the launch until the device has finished the step
+  int64_t nodes() const { return nodes_; }
+
+ private:
+  void* stream_ = nullptr;  // cudaStream_t
+  void* exec_ = nullptr;    // cudaGraphExec_t
+  int64_t nodes_ = 0;
 };
 
 struct MemInfo {

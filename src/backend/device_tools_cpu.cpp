@@ -17,6 +17,9 @@ std::vector<KernelRecord> kernel_trace_stop() { return {}; }
 StreamMarks::~StreamMarks() = default;
 void StreamMarks::record() { throw Error("device stream marks: this build has no CUDA backend"); }
 std::vector<double> StreamMarks::seconds_between() { return {}; }
+StepGraph::StepGraph(const std::function<void()>&) { throw Error("step graph: this build has no CUDA backend"); }
+StepGraph::~StepGraph() = default;
+double StepGraph::replay() { return 0; }
 MemInfo mem_info() { throw Error("device memory: this build has no CUDA backend"); }
 int64_t prepare_synthetic(Weight&, const synthetic::FillSpec&, const synthetic::FillSpec*) {
   throw Error("synthetic device weights: this build has no CUDA backend");

@@ -2,7 +2,7 @@
 //                 [--batch 1,8,64,256] [--context 4096,32768] [--prefill 8192] [--prefill-chunk 2048]
 //                 [--iters 3] [--prefill-iters 1] [--profile-batch 1] [--no-profile] [--no-ceilings]
 //                 [--time-budget SECONDS] [--seed S] [--batch-invariant] [--fast-fp4-gemm] [--profiler-range]
-//                 [--kernel-trace FILE] [--hold-ms MS] [--json]
+//                 [--kernel-trace FILE] [--hold-ms MS] [--graph] [--json]
 // Decode steps and prefill timed as a whole, per layer and per op, with bytes, FLOPs and roofline
 // efficiency against ceilings measured in the same run (runtime/bench_run.h). --synthetic builds a
 // random checkpoint with the released dimensions (model/synthetic_checkpoint.h), generated straight
@@ -18,6 +18,9 @@
 // device_tools.h), appended to FILE as CSV (bench/gpu/trace_summary.py reads it). --hold-ms MS: every plain
 // decode step (and the traced one) starts behind a device wait of MS ms, during which the host issues it, and
 // is timed on the device from the wait's end: the step as the device runs it when the host is never late.
+// --graph: one more decode step of each batch captured as a CUDA graph and replayed --iters times (host launch to
+// device done, as a plain step): what the step costs issued as one graph instead of kernel by kernel; with
+// --kernel-trace FILE one more replay is traced into FILE.graph.csv.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -57,7 +60,7 @@ int cmd_bench(const Argv& argv) {
   Args args(argv,
             {"model", "synthetic", "layers", "device", "batch", "context", "prefill", "prefill-chunk", "iters",
              "prefill-iters", "profile-batch", "seed", "time-budget", "kernel-trace", "hold-ms"},
-            {"json", "no-profile", "no-ceilings", "batch-invariant", "profiler-range", "fast-fp4-gemm"});
+            {"json", "no-profile", "no-ceilings", "batch-invariant", "profiler-range", "fast-fp4-gemm", "graph"});
   const std::string device_name = args.get_or("device", "cpu");
   if (args.has("model") == args.has("synthetic")) throw Error("bench: give exactly one of --model DIR or --synthetic PRESET");
 
@@ -77,6 +80,8 @@ int cmd_bench(const Argv& argv) {
   o.hold_ms = args.get_double_or("hold-ms", 0);
   if (o.hold_ms < 0 || o.hold_ms > 1000) throw Error("bench: --hold-ms must be within [0, 1000]");
   if (o.hold_ms > 0 && device_name != "cuda") throw Error("bench: --hold-ms needs --device cuda");
+  o.graph = args.flag("graph");
+  if (o.graph && device_name != "cuda") throw Error("bench: --graph needs --device cuda");
   if (args.flag("no-profile")) {
     o.profile_batches.clear();
     o.profile_prefill = false;

@@ -171,7 +171,7 @@ struct StepTimes {
 // One decode step: one random token for every sequence, in one batched forward (as the engine's
 // decode step). The token ids are drawn before the clock starts. A plain step (no clock) also
 // records when the host has issued every layer: near the step time, the host is the bottleneck.
-StepTimes decode_step(Ctx& c, std::vector<SequenceState>& states, SectionClock* clock, double hold_ms = 0) {
+std::vector<BatchEntry> step_entries(Ctx& c, std::vector<SequenceState>& states) {
   const uint64_t vocab = static_cast<uint64_t>(c.model.config().vocab_size);
   std::vector<BatchEntry> entries(states.size());
   for (size_t i = 0; i < states.size(); ++i) {
@@ -179,6 +179,11 @@ StepTimes decode_step(Ctx& c, std::vector<SequenceState>& states, SectionClock* 
     entries[i].ids = {static_cast<int32_t>(c.rng() % vocab)};
     entries[i].options.borrow_logits = true;  // as the engine's steps
   }
+  return entries;
+}
+
+StepTimes decode_step(Ctx& c, std::vector<SequenceState>& states, SectionClock* clock, double hold_ms = 0) {
+  std::vector<BatchEntry> entries = step_entries(c, states);
   c.pb.synchronize();
   StepTimes t;
   const auto t0 = Clock::now();
@@ -218,6 +223,25 @@ void append_kernel_trace(const std::string& path, int64_t context, int batch, co
     for (size_t i = name.find('"'); i != std::string::npos; i = name.find('"', i + 2)) name.insert(i, "\"");
     out << buf << '"' << name << "\"\n";
   }
+}
+
+// One decode step captured as a graph and replayed `iters` times: the median seconds per replay and the
+// graph's nodes. Every replay recomputes the captured step (same tokens, same positions). With a kernel trace
+// path, one more replay is traced into PATH.graph.csv.
+std::pair<double, int64_t> graph_steps(Ctx& c, std::vector<SequenceState>& states, int iters, int64_t context,
+                                       int batch) {
+  std::vector<BatchEntry> entries = step_entries(c, states);
+  device::StepGraph graph([&] { c.model.forward_batch(entries, nullptr); });
+  std::vector<double> times;
+  graph.replay();  // the first launch of an instantiated graph pays for its setup
+  for (int i = 0; i < iters; ++i) times.push_back(graph.replay());
+  if (!c.o.kernel_trace.empty()) {
+    device::kernel_trace_start();
+    graph.replay();
+    append_kernel_trace(c.o.kernel_trace + ".graph.csv", context, batch, device::kernel_trace_stop());
+  }
+  std::sort(times.begin(), times.end());
+  return {times[times.size() / 2], graph.nodes()};
 }
 
 // One prefill of `tokens` in chunks; the state stays in `state` (for the memory report).
@@ -394,6 +418,8 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
     decode_step(c, states, nullptr, o.hold_ms);
     append_kernel_trace(o.kernel_trace, context, batch, device::kernel_trace_stop());
   }
+  std::pair<double, int64_t> graph{0, 0};  // (median replay seconds, nodes)
+  if (o.graph) graph = graph_steps(c, states, iters, context, batch);
   std::sort(times.begin(), times.end());
   std::sort(enqueue.begin(), enqueue.end());
   const double med = times[times.size() / 2];
@@ -405,6 +431,10 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
   d["step_ms_max"] = round_to(times.back() * 1e3, 1e-4);
   d["enqueue_ms"] = round_to(enqueue[enqueue.size() / 2] * 1e3, 1e-4);
   d["tok_s"] = round_to(batch / med, 1e-3);
+  if (o.graph) {
+    d["graph_step_ms"] = round_to(graph.first * 1e3, 1e-4);
+    d["graph_nodes"] = graph.second;
+  }
   add_rates(d, med, total.bytes, total.flops, total.floor_s);
   c.sink(d);
 

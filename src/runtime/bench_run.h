@@ -40,6 +40,9 @@ struct BenchOptions {
   double hold_ms = 0;                                  // > 0: plain and traced decode steps start behind a
                                                        // device wait this long (device::hold) and are timed
                                                        // on the device from its end
+  bool graph = false;                                  // also one decode step of each batch captured as a CUDA
+                                                       // graph (device::StepGraph) and replayed `decode_iters`
+                                                       // times: graph_step_ms in the decode record
 };
 
 struct BenchCeilings {

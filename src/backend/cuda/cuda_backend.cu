@@ -8,6 +8,7 @@
 #include "backend/cuda/fp4_layout.cuh"
 #include "backend/cuda/pdl_launch.cuh"
 #include "backend/cuda/side_stream.cuh"
+#include "backend/cuda/step_graph.cuh"
 #include "core/env_switch.h"
 
 namespace di {
@@ -117,6 +118,7 @@ void CudaBackend::side_wait(int mark) { cuda::side_wait(mark); }
 // The copies to the host run on the main stream: a tensor the side stream wrote is complete only
 // after a join.
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (cuda::capturing_step()) throw Error("step graph: a read-back to the host inside the captured step");
   cuda::side_join();
   if (bytes < (size_t{1} << 20)) {  // small: the pageable path's fixed cost is lower
     DI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
@@ -172,6 +174,10 @@ std::span<const float> CudaBackend::to_host_f32_staged(const Tensor& t) {
   if (n == 0) return {};
   auto* host = static_cast<float*>(staged_view_.reserve(n * 4));
   cuda::side_join();
+  if (cuda::capturing_step()) {  // the graph's last node: the step's logits into the same pinned buffer
+    DI_CUDA_CHECK(cudaMemcpyAsync(host, t.data, n * 4, cudaMemcpyDeviceToHost, cuda::current_stream()));
+    return {host, n};
+  }
   DI_CUDA_CHECK(cudaMemcpy(host, t.data, n * 4, cudaMemcpyDeviceToHost));
   check_embed_ids();
   return {host, n};

@@ -11,7 +11,9 @@
 #include "backend/cuda/device_memory.cuh"
 #include "backend/cuda/pdl_launch.cuh"
 #include "backend/cuda/side_stream.cuh"
+#include "backend/cuda/step_graph.cuh"
 #include "core/env_switch.h"
+#include "core/error.h"
 
 namespace di::cuda {
 namespace {
@@ -156,6 +158,7 @@ void upload_bytes(void* dst, const void* src, size_t bytes) {
   const int lane = stream_lane();
   const cudaStream_t stream = current_stream();
   if (bytes > UploadRing::kHalf / 4) {  // large (prefill lists): the driver's own staging, waited for
+    if (capturing_step()) throw Error("step graph: an upload of " + std::to_string(bytes) + " bytes waits for the device");
     DI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
     DI_CUDA_CHECK(cudaStreamSynchronize(stream));
     return;
@@ -169,6 +172,7 @@ void upload_bytes(void* dst, const void* src, size_t bytes) {
   }
   size_t at = (r.used + 15) & ~size_t{15};
   if (at + bytes > UploadRing::kHalf) {
+    if (capturing_step()) throw Error("step graph: the step's uploads overflow the staging ring");
     DI_CUDA_CHECK(cudaEventRecord(r.left[r.half], stream));
     r.pending[r.half] = true;
     r.half ^= 1;
@@ -179,6 +183,15 @@ void upload_bytes(void* dst, const void* src, size_t bytes) {
   std::memcpy(slot, src, bytes);
   DI_CUDA_CHECK(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, stream));
   r.used = at + bytes;
+}
+
+void rewind_upload_rings() {
+  for (UploadRing& r : per_device<std::array<UploadRing, 2>>(current_device())) {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.used = 0;
+    r.half = 0;
+    r.pending[0] = r.pending[1] = false;
+  }
 }
 
 int sm_count() {

@@ -28,5 +28,7 @@ void defer_block_releases(bool on);
 // dst (device) <- src (host, `bytes`), ordered on the current stream (side_stream.cuh); `src` may be
 // reused as soon as this returns.
 void upload_bytes(void* dst, const void* src, size_t bytes);
+// Starts both upload rings' halves afresh; only while the device is idle (before a graph capture).
+void rewind_upload_rings();
 
 }  // namespace di::cuda

@@ -13,6 +13,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -35,20 +38,54 @@ inline bool pdl_enabled() {
   return on;
 }
 
+// Measuring switches for steps issued with everything queued ahead (held steps, step graphs), where the side
+// stream's grids may take the SMs the main chain's next kernel needs; both off unless set.
+// DEEPINFER_SMEM_CARVEOUT=P (0-100): every launch prefers P% of the SM's L1 / shared memory as shared memory
+// (unset: the driver's choice per kernel; two kernels of different carveouts do not share an SM).
+inline int smem_carveout() {
+  static const int p = [] {
+    const char* v = std::getenv("DEEPINFER_SMEM_CARVEOUT");
+    return v && *v ? std::clamp(std::atoi(v), 0, 100) : -1;
+  }();
+  return p;
+}
+// DEEPINFER_LANE_PRIORITY=1: main-stream launches at the greatest priority, side-stream ones at the least, so
+// that waiting CTAs of the main chain get freed SMs first. Returns kNoPriority when off.
+constexpr int kNoPriority = 1;  // priorities are <= 0
+inline int lane_priority() {
+  static const std::pair<int, int> range = [] {  // (least, greatest)
+    const char* v = std::getenv("DEEPINFER_LANE_PRIORITY");
+    if (!v || std::string_view(v) != "1") return std::pair{kNoPriority, kNoPriority};
+    int least = 0, greatest = 0;
+    DI_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    return std::pair{least, greatest};
+  }();
+  return stream_lane() == 0 ? range.second : range.first;
+}
+
 // kernel<<<grid, block, smem>>>(args...) on the current stream (side_stream.cuh), with the PDL attribute. Checks the
 // launch (cudaLaunchKernelEx returns its error), so callers need no DI_CUDA_LAUNCH_CHECK after it.
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  cudaLaunchAttribute attrs[3]{};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  unsigned n = 1;
+  if (const int p = smem_carveout(); p >= 0) {
+    attrs[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attrs[n++].val.sharedMemCarveout = static_cast<unsigned>(p);
+  }
+  if (const int prio = lane_priority(); prio != kNoPriority) {
+    attrs[n].id = cudaLaunchAttributePriority;
+    attrs[n++].val.priority = prio;
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = current_stream();
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
   DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

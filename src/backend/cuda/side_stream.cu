@@ -11,6 +11,7 @@ namespace {
 // threads may reach by freeing tensors, locks its own).
 struct Streams {
   static constexpr int kMarks = 16;  // marks in use at once (a layer takes one or two)
+  cudaStream_t main = nullptr;  // the legacy default stream, or a capture's stream (set_main_stream)
   cudaStream_t side = nullptr;
   cudaEvent_t fork = nullptr, done = nullptr;
   cudaEvent_t marks[kMarks]{};
@@ -40,7 +41,11 @@ void create(Streams& s) {
 
 }  // namespace
 
-cudaStream_t current_stream() { return streams().on_side ? streams().side : nullptr; }
+cudaStream_t current_stream() { return streams().on_side ? streams().side : streams().main; }
+
+void set_main_stream(cudaStream_t stream) {
+  streams().main = stream;
+}
 
 int stream_lane() { return streams().on_side ? 1 : 0; }
 
@@ -49,7 +54,7 @@ void side_begin() {
   DI_CHECK_MSG(!s.on_side, "side_begin inside a side region");
   if (!side_enabled()) return;
   create(s);
-  DI_CUDA_CHECK(cudaEventRecord(s.fork, nullptr));
+  DI_CUDA_CHECK(cudaEventRecord(s.fork, s.main));
   DI_CUDA_CHECK(cudaStreamWaitEvent(s.side, s.fork, 0));
   s.on_side = true;
   s.pending = true;
@@ -63,7 +68,7 @@ void side_join() {
   DI_CHECK_MSG(!s.on_side, "side_join inside a side region");
   if (!s.pending) return;
   DI_CUDA_CHECK(cudaEventRecord(s.done, s.side));
-  DI_CUDA_CHECK(cudaStreamWaitEvent(nullptr, s.done, 0));
+  DI_CUDA_CHECK(cudaStreamWaitEvent(s.main, s.done, 0));
   s.pending = false;
   defer_block_releases(false);  // every deferred block is now ordered behind the main stream
 }
@@ -82,7 +87,7 @@ void side_wait(int mark) {
   DI_CHECK_MSG(!s.on_side, "side_wait inside a side region");
   if (mark < 0 || !s.pending) return;  // nothing marked, or joined since
   DI_CHECK_MSG(mark < s.next_mark && s.next_mark - mark <= Streams::kMarks, "side_wait: stale mark");
-  DI_CUDA_CHECK(cudaStreamWaitEvent(nullptr, s.marks[mark % Streams::kMarks], 0));
+  DI_CUDA_CHECK(cudaStreamWaitEvent(s.main, s.marks[mark % Streams::kMarks], 0));
 }
 
 }  // namespace di::cuda

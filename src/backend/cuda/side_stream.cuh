@@ -23,6 +23,9 @@ namespace di::cuda {
 
 cudaStream_t current_stream();  // the stream the calling op issues its work to
 int stream_lane();              // 0 while on the main stream, 1 on the side stream
+// The main stream from now on: null (the legacy default stream) or a created non-blocking stream, as a graph
+// capture needs (the legacy stream cannot be captured). Only between steps.
+void set_main_stream(cudaStream_t stream);
 
 void side_begin();  // later work goes to the side stream, ordered after everything issued so far
 void side_end();    // later work goes to the main stream again (not ordered after the side work)

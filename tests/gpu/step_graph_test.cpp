@@ -1,0 +1,82 @@
+// A decode step captured as a CUDA graph (device::StepGraph, what `deepinfer bench --graph` times) computes what
+// the same step issued kernel by kernel computes, bit for bit: the side stream's branches, its events and the
+// PDL edges survive the capture. A capture that would wait for the device fails alone.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/device_tools.h"
+#include "core/error.h"
+#include "gpu_test_util.h"
+#include "model/model.h"
+
+namespace di {
+namespace {
+
+std::vector<int32_t> random_prompt(std::mt19937_64& rng, int vocab) {
+  std::vector<int32_t> ids(5 + rng() % 40);
+  for (int32_t& t : ids) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  ids[0] = 0;
+  return ids;
+}
+
+TEST(StepGraph, ReplayedDecodeStepEqualsThePlainStep) {
+  const uint64_t seed = gputest::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::unique_ptr<Backend> be = make_backend("cuda");
+  std::unique_ptr<Model> model = Model::load(std::string(DI_TEST_DATA) + "/golden_dev/model", *be);
+  const int vocab = model->config().vocab_size;
+  for (int batch : {1, 3}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    // two copies of each sequence: one steps plainly, the other through the graph
+    std::vector<SequenceState> plain, graphed;
+    std::vector<int32_t> next;
+    for (int b = 0; b < batch; ++b) {
+      const std::vector<int32_t> prompt = random_prompt(rng, vocab);
+      plain.push_back(model->new_sequence());
+      graphed.push_back(model->new_sequence());
+      model->forward(plain.back(), prompt);
+      model->forward(graphed.back(), prompt);
+      next.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+    }
+    std::vector<BatchEntry> a(batch), g(batch);
+    for (int b = 0; b < batch; ++b) {
+      a[b] = {&plain[b], {next[b]}, {}};
+      g[b] = {&graphed[b], {next[b]}, {}};
+      g[b].options.borrow_logits = true;  // read in place after each replay
+    }
+    const std::vector<ForwardResult> want = model->forward_batch(a);
+    std::vector<ForwardResult> got;
+    device::StepGraph graph([&] { got = model->forward_batch(g); });
+    EXPECT_GT(graph.nodes(), 0);
+    for (int replay = 0; replay < 2; ++replay) {
+      graph.replay();
+      for (int b = 0; b < batch; ++b) {
+        ASSERT_EQ(got[b].borrowed_logits.size(), want[b].logits.size());
+        EXPECT_EQ(0, std::memcmp(got[b].borrowed_logits.data(), want[b].logits.data(), want[b].logits.size() * 4))
+            << "replay " << replay << ", sequence " << b;
+      }
+    }
+  }
+}
+
+TEST(StepGraph, ACaptureThatWaitsForTheDeviceFailsAlone) {
+  std::unique_ptr<Backend> be = make_backend("cuda");
+  Tensor t = be->from_host_f32({1.5f, -2.0f, 3.25f}, {1, 3});
+  try {
+    device::StepGraph graph([&] { be->to_host_f32(be->concat_cols(t, t)); });
+    FAIL() << "a read-back inside the capture did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("read-back"), std::string::npos) << e.what();
+  }
+  const std::vector<float> both = {1.5f, -2.0f, 3.25f, 1.5f, -2.0f, 3.25f};
+  EXPECT_EQ(be->to_host_f32(be->concat_cols(t, t)), both);  // the backend still works
+}
+
+}  // namespace
+}  // namespace di
