@@ -72,11 +72,40 @@ class StepGraph {
   StepGraph& operator=(const StepGraph&) = delete;
   double replay();  // seconds from the launch until the device has finished the step
   int64_t nodes() const { return nodes_; }
+  double capture_seconds() const { return capture_s_; }  // the host's time to run `issue` under capture
 
  private:
   void* stream_ = nullptr;  // cudaStream_t
   void* exec_ = nullptr;    // cudaGraphExec_t
   int64_t nodes_ = 0;
+  double capture_s_ = 0;
+};
+
+// A decode step issued as a chain of CUDA graphs, each captured from a group of the forward's layers and
+// launched as soon as it is captured, so that the device runs a group while the host captures the next: the
+// forward's host work stays, the per-kernel launches become captured nodes. Each group's executable graph is
+// kept and updated in place from the next step's capture (cudaGraphExecUpdate) when the topology matches, and
+// instantiated anew when it does not. begin() starts a step; cut() ends a group (joining the side stream
+// first), launches it and starts the next; finish() launches the last group and waits for the device. The
+// same limits as StepGraph apply inside the step; measuring only, for `deepinfer bench --graph-layers`.
+class GraphPipeline {
+ public:
+  GraphPipeline();
+  ~GraphPipeline();
+  GraphPipeline(const GraphPipeline&) = delete;
+  GraphPipeline& operator=(const GraphPipeline&) = delete;
+  void begin();
+  void cut();
+  void finish();
+  int64_t instantiations() const { return instantiations_; }  // groups whose graph could not be updated
+  int64_t updates() const { return updates_; }
+
+ private:
+  void end_group();
+  void* stream_ = nullptr;     // cudaStream_t
+  std::vector<void*> execs_;   // cudaGraphExec_t per group of the step
+  size_t group_ = 0;
+  int64_t instantiations_ = 0, updates_ = 0;
 };
 
 struct MemInfo {

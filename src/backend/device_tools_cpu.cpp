@@ -20,6 +20,12 @@ std::vector<double> StreamMarks::seconds_between() { return {}; }
 StepGraph::StepGraph(const std::function<void()>&) { throw Error("step graph: this build has no CUDA backend"); }
 StepGraph::~StepGraph() = default;
 double StepGraph::replay() { return 0; }
+GraphPipeline::GraphPipeline() { throw Error("graph pipeline: this build has no CUDA backend"); }
+GraphPipeline::~GraphPipeline() = default;
+void GraphPipeline::begin() {}
+void GraphPipeline::cut() {}
+void GraphPipeline::finish() {}
+void GraphPipeline::end_group() {}
 MemInfo mem_info() { throw Error("device memory: this build has no CUDA backend"); }
 int64_t prepare_synthetic(Weight&, const synthetic::FillSpec&, const synthetic::FillSpec*) {
   throw Error("synthetic device weights: this build has no CUDA backend");

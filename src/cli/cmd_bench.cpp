@@ -2,7 +2,7 @@
 //                 [--batch 1,8,64,256] [--context 4096,32768] [--prefill 8192] [--prefill-chunk 2048]
 //                 [--iters 3] [--prefill-iters 1] [--profile-batch 1] [--no-profile] [--no-ceilings]
 //                 [--time-budget SECONDS] [--seed S] [--batch-invariant] [--fast-fp4-gemm] [--profiler-range]
-//                 [--kernel-trace FILE] [--hold-ms MS] [--graph] [--json]
+//                 [--kernel-trace FILE] [--hold-ms MS] [--graph] [--graph-layers K] [--json]
 // Decode steps and prefill timed as a whole, per layer and per op, with bytes, FLOPs and roofline
 // efficiency against ceilings measured in the same run (runtime/bench_run.h). --synthetic builds a
 // random checkpoint with the released dimensions (model/synthetic_checkpoint.h), generated straight
@@ -20,7 +20,9 @@
 // is timed on the device from the wait's end: the step as the device runs it when the host is never late.
 // --graph: one more decode step of each batch captured as a CUDA graph and replayed --iters times (host launch to
 // device done, as a plain step): what the step costs issued as one graph instead of kernel by kernel; with
-// --kernel-trace FILE one more replay is traced into FILE.graph.csv.
+// --kernel-trace FILE one more replay is traced into FILE.graph.csv. --graph-layers K: decode steps issued as a
+// chain of CUDA graphs of K layers each, captured every step and updated in place, each launched as soon as
+// captured (device::GraphPipeline): what capturing instead of launching gives when the host still runs the forward.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -59,7 +61,7 @@ ProfilingBackend::PrepareHook synthetic_device_hook(std::shared_ptr<const Synthe
 int cmd_bench(const Argv& argv) {
   Args args(argv,
             {"model", "synthetic", "layers", "device", "batch", "context", "prefill", "prefill-chunk", "iters",
-             "prefill-iters", "profile-batch", "seed", "time-budget", "kernel-trace", "hold-ms"},
+             "prefill-iters", "profile-batch", "seed", "time-budget", "kernel-trace", "hold-ms", "graph-layers"},
             {"json", "no-profile", "no-ceilings", "batch-invariant", "profiler-range", "fast-fp4-gemm", "graph"});
   const std::string device_name = args.get_or("device", "cpu");
   if (args.has("model") == args.has("synthetic")) throw Error("bench: give exactly one of --model DIR or --synthetic PRESET");
@@ -81,7 +83,10 @@ int cmd_bench(const Argv& argv) {
   if (o.hold_ms < 0 || o.hold_ms > 1000) throw Error("bench: --hold-ms must be within [0, 1000]");
   if (o.hold_ms > 0 && device_name != "cuda") throw Error("bench: --hold-ms needs --device cuda");
   o.graph = args.flag("graph");
-  if (o.graph && device_name != "cuda") throw Error("bench: --graph needs --device cuda");
+  o.graph_layers = static_cast<int>(args.get_int_or("graph-layers", 0));
+  if (o.graph_layers < 0) throw Error("bench: --graph-layers must be >= 0");
+  if ((o.graph || o.graph_layers > 0) && device_name != "cuda")
+    throw Error("bench: --graph and --graph-layers need --device cuda");
   if (args.flag("no-profile")) {
     o.profile_batches.clear();
     o.profile_prefill = false;

@@ -61,11 +61,20 @@ void print_bench_tables(const std::vector<BenchRecord>& rs, std::FILE* out, int 
                    static_cast<long long>(num(*r, "context")), static_cast<long long>(num(*r, "batch")),
                    num(*r, "step_ms"), r->contains("enqueue_ms") ? num(*r, "enqueue_ms") : 0.0, num(*r, "tok_s"), num(*r, "bytes") / 1e6, num(*r, "tb_s"), num(*r, "tflop_s"),
                    100 * num(*r, "efficiency"), str(*r, "mode").c_str());
-    for (const BenchRecord* r : decode)
+    for (const BenchRecord* r : decode) {
       if (r->contains("graph_step_ms"))
-        std::fprintf(out, "  context %lld, batch %lld: the step as one CUDA graph (%lld nodes), replayed: %.3f ms\n",
+        std::fprintf(out, "  context %lld, batch %lld: the step as one CUDA graph (%lld nodes, captured in %.3f ms), "
+                          "replayed: %.3f ms\n",
                      static_cast<long long>(num(*r, "context")), static_cast<long long>(num(*r, "batch")),
-                     static_cast<long long>(num(*r, "graph_nodes")), num(*r, "graph_step_ms"));
+                     static_cast<long long>(num(*r, "graph_nodes")), num(*r, "graph_capture_ms"),
+                     num(*r, "graph_step_ms"));
+      if (r->contains("graph_pipeline_ms"))
+        std::fprintf(out, "  context %lld, batch %lld: the step as a chain of graphs, captured and updated: %.3f ms "
+                          "(%lld updates, %lld instantiations)\n",
+                     static_cast<long long>(num(*r, "context")), static_cast<long long>(num(*r, "batch")),
+                     num(*r, "graph_pipeline_ms"), static_cast<long long>(num(*r, "graph_pipeline_updates")),
+                     static_cast<long long>(num(*r, "graph_pipeline_instantiations")));
+    }
   }
   for (const BenchRecord* r : of_kind(rs, "prefill")) {
     std::fprintf(out, "\nprefill: %lld tokens in chunks of %lld: %.1f ms, %.1f tok/s, %.2f TFLOP/s, %.3f TB/s, "

@@ -225,11 +225,14 @@ void append_kernel_trace(const std::string& path, int64_t context, int batch, co
   }
 }
 
-// One decode step captured as a graph and replayed `iters` times: the median seconds per replay and the
-// graph's nodes. Every replay recomputes the captured step (same tokens, same positions). With a kernel trace
+// One decode step captured as a graph and replayed `iters` times: the median seconds per replay, the graph's
+// nodes and the host's time to capture it. Every replay recomputes the captured step (same tokens, same positions). With a kernel trace
 // path, one more replay is traced into PATH.graph.csv.
-std::pair<double, int64_t> graph_steps(Ctx& c, std::vector<SequenceState>& states, int iters, int64_t context,
-                                       int batch) {
+struct GraphTimes {
+  double replay_s = 0, capture_s = 0;
+  int64_t nodes = 0;
+};
+GraphTimes graph_steps(Ctx& c, std::vector<SequenceState>& states, int iters, int64_t context, int batch) {
   std::vector<BatchEntry> entries = step_entries(c, states);
   device::StepGraph graph([&] { c.model.forward_batch(entries, nullptr); });
   std::vector<double> times;
@@ -241,7 +244,31 @@ std::pair<double, int64_t> graph_steps(Ctx& c, std::vector<SequenceState>& state
     append_kernel_trace(c.o.kernel_trace + ".graph.csv", context, batch, device::kernel_trace_stop());
   }
   std::sort(times.begin(), times.end());
-  return {times[times.size() / 2], graph.nodes()};
+  return {times[times.size() / 2], graph.capture_seconds(), graph.nodes()};
+}
+
+// Decode steps issued as a chain of graphs of `layers` layers each (device::GraphPipeline), timed as plain steps
+// (start to logits on the host): the median seconds, after two steps that instantiate the graphs.
+double pipelined_steps(Ctx& c, std::vector<SequenceState>& states, int layers, int iters, BenchRecord& d) {
+  device::GraphPipeline pipe;
+  ForwardHooks cuts;
+  cuts.at_layer = [&](int l) {
+    if (l > 0 && l % layers == 0) pipe.cut();
+  };
+  std::vector<double> times;
+  for (int i = 0; i < iters + 2; ++i) {
+    std::vector<BatchEntry> entries = step_entries(c, states);
+    c.pb.synchronize();
+    const auto t0 = Clock::now();
+    pipe.begin();
+    c.model.forward_batch(entries, &cuts);
+    pipe.finish();
+    if (i >= 2) times.push_back(seconds_since(t0));
+  }
+  d["graph_pipeline_instantiations"] = pipe.instantiations();
+  d["graph_pipeline_updates"] = pipe.updates();
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
 }
 
 // One prefill of `tokens` in chunks; the state stays in `state` (for the memory report).
@@ -418,7 +445,7 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
     decode_step(c, states, nullptr, o.hold_ms);
     append_kernel_trace(o.kernel_trace, context, batch, device::kernel_trace_stop());
   }
-  std::pair<double, int64_t> graph{0, 0};  // (median replay seconds, nodes)
+  GraphTimes graph;
   if (o.graph) graph = graph_steps(c, states, iters, context, batch);
   std::sort(times.begin(), times.end());
   std::sort(enqueue.begin(), enqueue.end());
@@ -432,9 +459,12 @@ void bench_decode(Ctx& c, const CacheFiller& filler, int batch) {
   d["enqueue_ms"] = round_to(enqueue[enqueue.size() / 2] * 1e3, 1e-4);
   d["tok_s"] = round_to(batch / med, 1e-3);
   if (o.graph) {
-    d["graph_step_ms"] = round_to(graph.first * 1e3, 1e-4);
-    d["graph_nodes"] = graph.second;
+    d["graph_step_ms"] = round_to(graph.replay_s * 1e3, 1e-4);
+    d["graph_capture_ms"] = round_to(graph.capture_s * 1e3, 1e-4);
+    d["graph_nodes"] = graph.nodes;
   }
+  if (o.graph_layers > 0)
+    d["graph_pipeline_ms"] = round_to(pipelined_steps(c, states, o.graph_layers, iters, d) * 1e3, 1e-4);
   add_rates(d, med, total.bytes, total.flops, total.floor_s);
   c.sink(d);
 

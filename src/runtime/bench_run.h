@@ -43,6 +43,9 @@ struct BenchOptions {
   bool graph = false;                                  // also one decode step of each batch captured as a CUDA
                                                        // graph (device::StepGraph) and replayed `decode_iters`
                                                        // times: graph_step_ms in the decode record
+  int graph_layers = 0;                                // > 0: also decode steps issued as a chain of graphs of
+                                                       // this many layers each (device::GraphPipeline), captured
+                                                       // and updated every step: graph_pipeline_ms
 };
 
 struct BenchCeilings {

@@ -65,6 +65,38 @@ TEST(StepGraph, ReplayedDecodeStepEqualsThePlainStep) {
   }
 }
 
+// Steps issued as a chain of per-layer-group graphs, updated in place from step to step, against plain steps.
+TEST(StepGraph, PipelinedStepsEqualPlainSteps) {
+  const uint64_t seed = gputest::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::unique_ptr<Backend> be = make_backend("cuda");
+  std::unique_ptr<Model> model = Model::load(std::string(DI_TEST_DATA) + "/golden_dev/model", *be);
+  const int vocab = model->config().vocab_size;
+  const std::vector<int32_t> prompt = random_prompt(rng, vocab);
+  SequenceState plain = model->new_sequence(), piped = model->new_sequence();
+  model->forward(plain, prompt);
+  model->forward(piped, prompt);
+  device::GraphPipeline pipe;
+  ForwardHooks cuts;
+  cuts.at_layer = [&](int l) {
+    if (l > 0) pipe.cut();  // one graph per layer
+  };
+  for (int step = 0; step < 4; ++step) {
+    const int32_t id = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+    std::vector<BatchEntry> a{{&plain, {id}, {}}}, g{{&piped, {id}, {}}};
+    g[0].options.borrow_logits = true;  // written when the last graph runs
+    const std::vector<ForwardResult> want = model->forward_batch(a);
+    pipe.begin();
+    const std::vector<ForwardResult> got = model->forward_batch(g, &cuts);
+    pipe.finish();
+    ASSERT_EQ(got[0].borrowed_logits.size(), want[0].logits.size());
+    EXPECT_EQ(0, std::memcmp(got[0].borrowed_logits.data(), want[0].logits.data(), want[0].logits.size() * 4))
+        << "step " << step;
+  }
+  EXPECT_EQ(pipe.instantiations() + pipe.updates(), 4 * model->config().n_layers);
+}
+
 TEST(StepGraph, ACaptureThatWaitsForTheDeviceFailsAlone) {
   std::unique_ptr<Backend> be = make_backend("cuda");
   Tensor t = be->from_host_f32({1.5f, -2.0f, 3.25f}, {1, 3});

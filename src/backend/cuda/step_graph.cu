@@ -1,13 +1,13 @@
-// device::StepGraph (device_tools.h): one decode step captured as a CUDA graph and launched again.
+// device::StepGraph and device::GraphPipeline (device_tools.h): a decode step captured as CUDA graphs.
 //
-// The capture swaps the backend's main stream for a created non-blocking one (side_stream.cuh); the side
-// stream joins the capture through the fork event it waits on, and rejoins it by the step's final join,
-// so both branches become one graph with their events as edges. Launches keep their PDL attribute, which
-// a capture records as programmatic edges. Relaxed mode: the block cache may still cudaMalloc a block it
-// has not seen (the step before the capture normally warms it).
+// A capture swaps the backend's main stream for a created non-blocking one (side_stream.cuh); the side
+// stream joins the capture through the fork event it waits on and rejoins it by a join, so both branches
+// become one graph with their events as edges. Launches keep their PDL attribute, which a capture records as
+// programmatic edges. Relaxed mode: the block cache may still cudaMalloc a block it has not seen.
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <string>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/device_memory.cuh"
@@ -18,7 +18,40 @@
 
 namespace di::cuda {
 namespace {
+
 thread_local bool g_capturing = false;
+
+// Captures the backend's work from now on, on `stream` as its main stream.
+void begin_capture(cudaStream_t stream) {
+  set_main_stream(stream);
+  g_capturing = true;
+  DI_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+}
+
+// Ends the capture on `stream` (the main stream stays `stream`): the graph, or an Error with the reason.
+cudaGraph_t end_capture(cudaStream_t stream) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  g_capturing = false;
+  if (ended == cudaSuccess) return graph;
+  if (graph) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  throw Error(std::string("step graph: the capture failed: ") + cudaGetErrorString(ended));
+}
+
+cudaGraphExec_t instantiate(cudaGraph_t graph) {
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+  if (made != cudaSuccess) throw Error(std::string("step graph: instantiation failed: ") + cudaGetErrorString(made));
+  return exec;
+}
+
+cudaStream_t new_stream() {
+  cudaStream_t s = nullptr;
+  DI_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
 }  // namespace
 
 bool capturing_step() { return g_capturing; }
@@ -30,44 +63,39 @@ namespace di::device {
 StepGraph::StepGraph(const std::function<void()>& issue) {
   DI_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::rewind_upload_rings();  // the capture's uploads then fit the ring without waiting for it
-  cudaStream_t stream = nullptr;
-  DI_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = cuda::new_stream();
   stream_ = stream;
-  cuda::set_main_stream(stream);
-  cuda::g_capturing = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  cuda::begin_capture(stream);
   cudaGraph_t graph = nullptr;
-  auto restore = [&] {
-    cuda::g_capturing = false;
-    cuda::set_main_stream(nullptr);
-  };
-  DI_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
   try {
-    issue();
+    try {
+      issue();
+    } catch (...) {
+      try {
+        cudaGraphDestroy(cuda::end_capture(stream));  // abandons the capture
+      } catch (const Error&) {  // the capture was invalidated too: the first error is the one to report
+      }
+      throw;
+    }
+    graph = cuda::end_capture(stream);
   } catch (...) {
-    (void)cudaStreamEndCapture(stream, &graph);  // abandons the capture
-    if (graph) cudaGraphDestroy(graph);
-    (void)cudaGetLastError();
-    restore();
-    cudaStreamDestroy(stream);
-    stream_ = nullptr;
+    cuda::set_main_stream(nullptr);
     throw;
   }
-  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-  restore();
-  if (ended != cudaSuccess) {
-    cudaStreamDestroy(stream);
-    stream_ = nullptr;
-    throw Error(std::string("step graph: the capture failed: ") + cudaGetErrorString(ended));
-  }
+  capture_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  cuda::set_main_stream(nullptr);
   size_t n = 0;
   DI_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
   nodes_ = static_cast<int64_t>(n);
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t made = cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
+  try {
+    exec_ = cuda::instantiate(graph);
+  } catch (...) {
+    cudaGraphDestroy(graph);
+    throw;
+  }
   cudaGraphDestroy(graph);
-  if (made != cudaSuccess) throw Error(std::string("step graph: instantiation failed: ") + cudaGetErrorString(made));
-  exec_ = exec;
-  DI_CUDA_CHECK(cudaGraphUpload(exec, stream));
+  DI_CUDA_CHECK(cudaGraphUpload(static_cast<cudaGraphExec_t>(exec_), stream));
 }
 
 StepGraph::~StepGraph() {
@@ -81,6 +109,61 @@ double StepGraph::replay() {
   DI_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream_)));
   DI_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+GraphPipeline::GraphPipeline() : stream_(cuda::new_stream()) {}
+
+GraphPipeline::~GraphPipeline() {
+  if (cuda::capturing_step()) {  // a step that threw: abandon its capture
+    cudaGraph_t g = nullptr;
+    (void)cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
+    if (g) cudaGraphDestroy(g);
+    cuda::g_capturing = false;
+    (void)cudaGetLastError();
+  }
+  cuda::set_main_stream(nullptr);
+  for (void* e : execs_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(e));
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void GraphPipeline::begin() {
+  cuda::rewind_upload_rings();  // the previous step has finished (finish() waited for it)
+  group_ = 0;
+  cuda::begin_capture(static_cast<cudaStream_t>(stream_));
+}
+
+void GraphPipeline::cut() {
+  end_group();
+  cuda::begin_capture(static_cast<cudaStream_t>(stream_));
+}
+
+void GraphPipeline::finish() {
+  end_group();
+  cuda::set_main_stream(nullptr);
+  DI_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+}
+
+void GraphPipeline::end_group() {
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  cuda::side_join();  // a capture ends with every forked stream joined
+  cudaGraph_t graph = cuda::end_capture(stream);
+  if (group_ < execs_.size()) {
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(static_cast<cudaGraphExec_t>(execs_[group_]), graph, &info) == cudaSuccess) {
+      ++updates_;
+    } else {
+      (void)cudaGetLastError();
+      cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(execs_[group_]));
+      execs_[group_] = cuda::instantiate(graph);
+      ++instantiations_;
+    }
+  } else {
+    execs_.push_back(cuda::instantiate(graph));
+    ++instantiations_;
+  }
+  cudaGraphDestroy(graph);
+  DI_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(execs_[group_]), stream));
+  ++group_;
 }
 
 }  // namespace di::device
