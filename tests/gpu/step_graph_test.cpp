@@ -3,6 +3,7 @@
 // PDL edges survive the capture. A capture that would wait for the device fails alone.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -24,12 +25,22 @@ std::vector<int32_t> random_prompt(std::mt19937_64& rng, int vocab) {
   return ids;
 }
 
-TEST(StepGraph, ReplayedDecodeStepEqualsThePlainStep) {
-  const uint64_t seed = gputest::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  std::unique_ptr<Backend> be = make_backend("cuda");
-  std::unique_ptr<Model> model = Model::load(std::string(DI_TEST_DATA) + "/golden_dev/model", *be);
+// The golden_dev model on the CUDA backend and a fresh seed (printed) per test.
+class StepGraph : public testing::Test {
+ protected:
+  void SetUp() override {
+    const uint64_t seed = gputest::fresh_seed();
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+    rng.seed(seed);
+    be = make_backend("cuda");
+    model = Model::load(std::string(DI_TEST_DATA) + "/golden_dev/model", *be);
+  }
+  std::mt19937_64 rng;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Model> model;
+};
+
+TEST_F(StepGraph, ReplayedDecodeStepEqualsThePlainStep) {
   const int vocab = model->config().vocab_size;
   for (int batch : {1, 3}) {
     SCOPED_TRACE("batch " + std::to_string(batch));
@@ -66,12 +77,7 @@ TEST(StepGraph, ReplayedDecodeStepEqualsThePlainStep) {
 }
 
 // Steps issued as a chain of per-layer-group graphs, updated in place from step to step, against plain steps.
-TEST(StepGraph, PipelinedStepsEqualPlainSteps) {
-  const uint64_t seed = gputest::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  std::unique_ptr<Backend> be = make_backend("cuda");
-  std::unique_ptr<Model> model = Model::load(std::string(DI_TEST_DATA) + "/golden_dev/model", *be);
+TEST_F(StepGraph, PipelinedStepsEqualPlainSteps) {
   const int vocab = model->config().vocab_size;
   const std::vector<int32_t> prompt = random_prompt(rng, vocab);
   SequenceState plain = model->new_sequence(), piped = model->new_sequence();
@@ -97,8 +103,7 @@ TEST(StepGraph, PipelinedStepsEqualPlainSteps) {
   EXPECT_EQ(pipe.instantiations() + pipe.updates(), 4 * model->config().n_layers);
 }
 
-TEST(StepGraph, ACaptureThatWaitsForTheDeviceFailsAlone) {
-  std::unique_ptr<Backend> be = make_backend("cuda");
+TEST_F(StepGraph, ACaptureThatWaitsForTheDeviceFailsAlone) {
   Tensor t = be->from_host_f32({1.5f, -2.0f, 3.25f}, {1, 3});
   try {
     device::StepGraph graph([&] { be->to_host_f32(be->concat_cols(t, t)); });
