@@ -1,9 +1,12 @@
 // device_memory.cuh: the block cache and the upload staging ring, one of each per device.
+#include <algorithm>
 #include <array>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -93,6 +96,17 @@ bool param_uploads() {
   return on;
 }
 
+// DEEPINFER_LOWEST_BLOCK=1 (measuring): a size class hands out its lowest free address instead of the block freed
+// last, so that a step's addresses depend on which blocks are free rather than on the order they were freed in
+// (what a CUDA graph replayed from step to step needs; bench/gpu/launch_diff.py shows what changes).
+bool lowest_block_first() {
+  static const bool on = [] {
+    const char* v = std::getenv("DEEPINFER_LOWEST_BLOCK");
+    return v && std::string_view(v) == "1";
+  }();
+  return on;
+}
+
 int current_device() {
   int d = 0;
   DI_CUDA_CHECK(cudaGetDevice(&d));
@@ -109,8 +123,12 @@ void* device_block(size_t bytes, int* device) {
     std::lock_guard<std::mutex> lock(c.mu);
     auto it = c.free.find(cls);
     if (it != c.free.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
+      std::vector<void*>& blocks = it->second;
+      auto pick = std::prev(blocks.end());  // the block freed last: likeliest still in L2
+      if (lowest_block_first()) pick = std::min_element(blocks.begin(), blocks.end());
+      void* p = *pick;
+      *pick = blocks.back();
+      blocks.pop_back();
       return p;
     }
   }

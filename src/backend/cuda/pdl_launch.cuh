@@ -16,9 +16,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/launch_log.cuh"
 #include "backend/cuda/side_stream.cuh"
 #include "core/env_switch.h"
 
@@ -86,6 +89,11 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&
   cfg.stream = current_stream();
   cfg.attrs = attrs;
   cfg.numAttrs = n;
+  if (launch_log_on()) {
+    const std::tuple<std::decay_t<Params>...> as_received(args...);  // the kernel's parameters as it gets them
+    std::apply([&](const auto&... v) { log_launch(reinterpret_cast<const void*>(kernel), grid, block, smem, {{&v, sizeof v}...}); },
+               as_received);
+  }
   DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
