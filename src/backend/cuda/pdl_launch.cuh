@@ -91,8 +91,11 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&
   cfg.numAttrs = n;
   if (launch_log_on()) {
     const std::tuple<std::decay_t<Params>...> as_received(args...);  // the kernel's parameters as it gets them
-    std::apply([&](const auto&... v) { log_launch(reinterpret_cast<const void*>(kernel), grid, block, smem, {{&v, sizeof v}...}); },
-               as_received);
+    std::apply(
+        [&](const auto&... v) {
+          log_launch(reinterpret_cast<const void*>(kernel), grid, block, smem, {{&v, sizeof v}...});
+        },
+        as_received);
   }
   DI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }

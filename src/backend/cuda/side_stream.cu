@@ -43,9 +43,7 @@ void create(Streams& s) {
 
 cudaStream_t current_stream() { return streams().on_side ? streams().side : streams().main; }
 
-void set_main_stream(cudaStream_t stream) {
-  streams().main = stream;
-}
+void set_main_stream(cudaStream_t stream) { streams().main = stream; }
 
 int stream_lane() { return streams().on_side ? 1 : 0; }
 
