@@ -25,7 +25,6 @@ GraphPipeline::~GraphPipeline() = default;
 void GraphPipeline::begin() {}
 void GraphPipeline::cut() {}
 void GraphPipeline::finish() {}
-void GraphPipeline::end_group() {}
 MemInfo mem_info() { throw Error("device memory: this build has no CUDA backend"); }
 int64_t prepare_synthetic(Weight&, const synthetic::FillSpec&, const synthetic::FillSpec*) {
   throw Error("synthetic device weights: this build has no CUDA backend");

@@ -225,9 +225,9 @@ void append_kernel_trace(const std::string& path, int64_t context, int batch, co
   }
 }
 
-// One decode step captured as a graph and replayed `iters` times: the median seconds per replay, the graph's
-// nodes and the host's time to capture it. Every replay recomputes the captured step (same tokens, same positions). With a kernel trace
-// path, one more replay is traced into PATH.graph.csv.
+// One decode step captured as a graph and replayed `iters` times: the median seconds per replay, the graph's nodes
+// and the host's time to capture it. Every replay recomputes the captured step (same tokens, same positions). With
+// a kernel trace path, one more replay is traced into PATH.graph.csv.
 struct GraphTimes {
   double replay_s = 0, capture_s = 0;
   int64_t nodes = 0;

@@ -2,11 +2,9 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -100,10 +98,7 @@ bool param_uploads() {
 // last, so that a step's addresses depend on which blocks are free rather than on the order they were freed in
 // (what a CUDA graph replayed from step to step needs; bench/gpu/launch_diff.py shows what changes).
 bool lowest_block_first() {
-  static const bool on = [] {
-    const char* v = std::getenv("DEEPINFER_LOWEST_BLOCK");
-    return v && std::string_view(v) == "1";
-  }();
+  static const bool on = env_opt_in("DEEPINFER_LOWEST_BLOCK");
   return on;
 }
 
@@ -176,7 +171,8 @@ void upload_bytes(void* dst, const void* src, size_t bytes) {
   const int lane = stream_lane();
   const cudaStream_t stream = current_stream();
   if (bytes > UploadRing::kHalf / 4) {  // large (prefill lists): the driver's own staging, waited for
-    if (capturing_step()) throw Error("step graph: an upload of " + std::to_string(bytes) + " bytes waits for the device");
+    if (capturing_step())
+      throw Error("step graph: an upload of " + std::to_string(bytes) + " bytes waits for the device");
     DI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
     DI_CUDA_CHECK(cudaStreamSynchronize(stream));
     return;

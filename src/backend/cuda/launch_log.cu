@@ -43,10 +43,7 @@ std::string kernel_name(const void* kernel) {
 
 }  // namespace
 
-bool launch_log_on() {
-  static const bool on = log_file() != nullptr;
-  return on;
-}
+bool launch_log_on() { return log_file() != nullptr; }
 
 void log_launch(const void* kernel, dim3 grid, dim3 block, size_t smem,
                 const std::vector<std::pair<const void*, size_t>>& params) {

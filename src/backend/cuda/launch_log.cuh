@@ -12,7 +12,7 @@
 
 namespace di::cuda {
 
-bool launch_log_on();
+bool launch_log_on();  // read once by launch_switches()
 void log_launch(const void* kernel, dim3 grid, dim3 block, size_t smem,
                 const std::vector<std::pair<const void*, size_t>>& params);
 

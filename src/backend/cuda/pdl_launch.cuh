@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -41,46 +40,48 @@ inline bool pdl_enabled() {
   return on;
 }
 
-// Measuring switches for steps issued with everything queued ahead (held steps, step graphs), where the side
-// stream's grids may take the SMs the main chain's next kernel needs; both off unless set.
-// DEEPINFER_SMEM_CARVEOUT=P (0-100): every launch prefers P% of the SM's L1 / shared memory as shared memory
-// (unset: the driver's choice per kernel; two kernels of different carveouts do not share an SM).
-inline int smem_carveout() {
-  static const int p = [] {
-    const char* v = std::getenv("DEEPINFER_SMEM_CARVEOUT");
-    return v && *v ? std::clamp(std::atoi(v), 0, 100) : -1;
+// Measuring switches of `launch`, read once; all off unless set.
+//  - DEEPINFER_SMEM_CARVEOUT=P (0-100): every launch prefers P% of the SM's L1 / shared memory as shared memory
+//    (unset: the driver's choice per kernel; two kernels of different carveouts do not share an SM).
+//  - DEEPINFER_LANE_PRIORITY=1: main-stream launches at the greatest priority, side-stream ones at the least, so
+//    that waiting CTAs of the main chain get freed SMs first.
+//  - DEEPINFER_LAUNCH_LOG=FILE: every launch logged with its parameters (launch_log.cuh).
+// For steps issued with everything queued ahead (held steps, step graphs), where the side stream's grids may take
+// the SMs the main chain's next kernel needs.
+struct LaunchSwitches {
+  int carveout = -1;                          // -1: unset
+  bool priorities = false;
+  int main_priority = 0, side_priority = 0;   // greatest and least of the device's range
+  bool log = false;
+};
+inline const LaunchSwitches& launch_switches() {
+  static const LaunchSwitches s = [] {
+    LaunchSwitches w;
+    if (const char* v = std::getenv("DEEPINFER_SMEM_CARVEOUT"); v && *v) w.carveout = std::clamp(std::atoi(v), 0, 100);
+    w.priorities = env_opt_in("DEEPINFER_LANE_PRIORITY");
+    if (w.priorities) DI_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&w.side_priority, &w.main_priority));
+    w.log = launch_log_on();
+    return w;
   }();
-  return p;
-}
-// DEEPINFER_LANE_PRIORITY=1: main-stream launches at the greatest priority, side-stream ones at the least, so
-// that waiting CTAs of the main chain get freed SMs first. Returns kNoPriority when off.
-constexpr int kNoPriority = 1;  // priorities are <= 0
-inline int lane_priority() {
-  static const std::pair<int, int> range = [] {  // (least, greatest)
-    const char* v = std::getenv("DEEPINFER_LANE_PRIORITY");
-    if (!v || std::string_view(v) != "1") return std::pair{kNoPriority, kNoPriority};
-    int least = 0, greatest = 0;
-    DI_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    return std::pair{least, greatest};
-  }();
-  return stream_lane() == 0 ? range.second : range.first;
+  return s;
 }
 
 // kernel<<<grid, block, smem>>>(args...) on the current stream (side_stream.cuh), with the PDL attribute. Checks the
 // launch (cudaLaunchKernelEx returns its error), so callers need no DI_CUDA_LAUNCH_CHECK after it.
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  const LaunchSwitches& sw = launch_switches();
   cudaLaunchAttribute attrs[3]{};
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
   unsigned n = 1;
-  if (const int p = smem_carveout(); p >= 0) {
+  if (sw.carveout >= 0) {
     attrs[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-    attrs[n++].val.sharedMemCarveout = static_cast<unsigned>(p);
+    attrs[n++].val.sharedMemCarveout = static_cast<unsigned>(sw.carveout);
   }
-  if (const int prio = lane_priority(); prio != kNoPriority) {
+  if (sw.priorities) {
     attrs[n].id = cudaLaunchAttributePriority;
-    attrs[n++].val.priority = prio;
+    attrs[n++].val.priority = stream_lane() == 0 ? sw.main_priority : sw.side_priority;
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
@@ -89,7 +90,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&
   cfg.stream = current_stream();
   cfg.attrs = attrs;
   cfg.numAttrs = n;
-  if (launch_log_on()) {
+  if (sw.log) {
     const std::tuple<std::decay_t<Params>...> as_received(args...);  // the kernel's parameters as it gets them
     std::apply(
         [&](const auto&... v) {

@@ -39,6 +39,16 @@ cudaGraph_t end_capture(cudaStream_t stream) {
   throw Error(std::string("step graph: the capture failed: ") + cudaGetErrorString(ended));
 }
 
+// Ends a capture that a throw interrupted, dropping what it recorded (its error, if the capture was invalidated
+// too, is not the one to report).
+void abandon_capture(cudaStream_t stream) {
+  cudaGraph_t graph = nullptr;
+  (void)cudaStreamEndCapture(stream, &graph);
+  if (graph) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  g_capturing = false;
+}
+
 cudaGraphExec_t instantiate(cudaGraph_t graph) {
   cudaGraphExec_t exec = nullptr;
   const cudaError_t made = cudaGraphInstantiateWithFlags(&exec, graph, 0);
@@ -64,38 +74,34 @@ StepGraph::StepGraph(const std::function<void()>& issue) {
   DI_CUDA_CHECK(cudaDeviceSynchronize());
   cuda::rewind_upload_rings();  // the capture's uploads then fit the ring without waiting for it
   const cudaStream_t stream = cuda::new_stream();
-  stream_ = stream;
-  const auto t0 = std::chrono::steady_clock::now();
-  cuda::begin_capture(stream);
+  stream_ = stream;  // destroyed here if the constructor throws (the destructor does not run then)
   cudaGraph_t graph = nullptr;
   try {
+    const auto t0 = std::chrono::steady_clock::now();
+    cuda::begin_capture(stream);
     try {
       issue();
     } catch (...) {
-      try {
-        cudaGraphDestroy(cuda::end_capture(stream));  // abandons the capture
-      } catch (const Error&) {  // the capture was invalidated too: the first error is the one to report
-      }
+      cuda::abandon_capture(stream);
       throw;
     }
     graph = cuda::end_capture(stream);
+    capture_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    cuda::set_main_stream(nullptr);
+    size_t n = 0;
+    DI_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+    nodes_ = static_cast<int64_t>(n);
+    exec_ = cuda::instantiate(graph);
+    cudaGraphDestroy(graph);
+    graph = nullptr;
+    DI_CUDA_CHECK(cudaGraphUpload(static_cast<cudaGraphExec_t>(exec_), stream));
   } catch (...) {
     cuda::set_main_stream(nullptr);
+    if (graph) cudaGraphDestroy(graph);
+    if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+    cudaStreamDestroy(stream);
     throw;
   }
-  capture_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  cuda::set_main_stream(nullptr);
-  size_t n = 0;
-  DI_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  nodes_ = static_cast<int64_t>(n);
-  try {
-    exec_ = cuda::instantiate(graph);
-  } catch (...) {
-    cudaGraphDestroy(graph);
-    throw;
-  }
-  cudaGraphDestroy(graph);
-  DI_CUDA_CHECK(cudaGraphUpload(static_cast<cudaGraphExec_t>(exec_), stream));
 }
 
 StepGraph::~StepGraph() {
@@ -114,13 +120,7 @@ double StepGraph::replay() {
 GraphPipeline::GraphPipeline() : stream_(cuda::new_stream()) {}
 
 GraphPipeline::~GraphPipeline() {
-  if (cuda::capturing_step()) {  // a step that threw: abandon its capture
-    cudaGraph_t g = nullptr;
-    (void)cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
-    if (g) cudaGraphDestroy(g);
-    cuda::g_capturing = false;
-    (void)cudaGetLastError();
-  }
+  if (cuda::capturing_step()) cuda::abandon_capture(static_cast<cudaStream_t>(stream_));  // a step that threw
   cuda::set_main_stream(nullptr);
   for (void* e : execs_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(e));
   cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
