@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
+#include <memory>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -315,6 +317,38 @@ TEST_F(MoeEngramOps, MoeFusedRoutingMatchesSeparateOps) {
     std::printf("  moe rows=%lld: fused vs separate %s; vs cpu %s\n", static_cast<long long>(rows),
                 same.str().c_str(), c.str().c_str());
     EXPECT_LE(c.rel_l2, 1e-3) << c.str() << ", " << seed_note();
+  }
+}
+
+// The shared expert of one or two rows in five launches (x quantized once for gate and up, SwiGLU and h's
+// quantizer in one kernel) gives the seven-launch composition's bits: a second CUDA backend built with
+// DEEPINFER_FUSED_CHAINS=0 runs the composition on the same weights and inputs. V4.1's widths and a small
+// set; three rows take neither path's GEMV (the same tiles on both).
+TEST_F(MoeEngramOps, SharedExpertGemvEqualsComposition) {
+  const char* dev = std::getenv("DI_GPU_TEST_BACKEND");
+  setenv("DEEPINFER_FUSED_CHAINS", "0", 1);
+  const std::unique_ptr<Backend> plain = make_backend(dev ? dev : "cuda");
+  unsetenv("DEEPINFER_FUSED_CHAINS");
+  const int64_t n_exp = 4;
+  const int top_k = 2;
+  for (auto [inter, hidden] : {std::pair<int64_t, int64_t>{2304, 5120}, {512, 768}}) {
+    ExpertSet set = random_experts(rng(), *gpu, n_exp, inter, hidden);
+    OwnedWeight gate = gputest::random_bf16_weight(rng(), n_exp, hidden, *gpu, 0.05f, WeightMode::kF32);
+    OwnedWeight bias = gputest::random_f32_weight(rng(), 1, n_exp, *gpu, 0.1f);
+    for (int64_t rows : {1, 2, 3}) {
+      SCOPED_TRACE("inter=" + std::to_string(inter) + " hidden=" + std::to_string(hidden) +
+                   " rows=" + std::to_string(rows));
+      gputest::TensorPair x = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, hidden});
+      const std::vector<float> fused = gpu->to_host_f32(
+          gpu->moe(x.gpu, gate.w, bias.w, top_k, 1.5f, 1.0f, set.experts, set.shared, 7.0f));
+      const std::vector<float> composed = plain->to_host_f32(
+          plain->moe(x.gpu, gate.w, bias.w, top_k, 1.5f, 1.0f, set.experts, set.shared, 7.0f));
+      const Compare same = compare(fused, composed);
+      EXPECT_EQ(same.mismatches, 0) << same.str() << ", " << seed_note();
+      const Compare c = compare(fused, cpu->to_host_f32(cpu->moe(x.cpu, gate.w, bias.w, top_k, 1.5f, 1.0f,
+                                                                 set.experts, set.shared, 7.0f)));
+      EXPECT_LE(c.rel_l2, 1e-3) << c.str() << ", " << seed_note();
+    }
   }
 }
 

@@ -21,6 +21,7 @@ class CudaBackend final : public Backend {
   // Reduction orders chosen without the row count (batch_invariance.cuh); off by default.
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
   bool batch_invariant() const { return batch_invariant_; }
+  bool fused_chains() const { return fused_chains_; }
   void set_fast_fp4_gemm(bool on) override { fast_fp4_gemm_ = on; }
   void side_begin() override;
   void side_end() override;
@@ -143,8 +144,8 @@ class CudaBackend final : public Backend {
   bool batch_invariant_ = false;
   bool fast_fp4_gemm_ = false;  // MXFP4 block sums on wgmma (mma_gemm.cuh)
   // rope_qdq, rmsnorm_rope_qdq, concat_paged_rows, linear_rope and inverse_rope_grouped_linear as one launch
-  // each; DEEPINFER_FUSED_CHAINS=0 runs the Backend compositions instead (the same bits: for measuring the
-  // fusion).
+  // each, the shared expert of one or two rows in five; DEEPINFER_FUSED_CHAINS=0 runs the Backend compositions
+  // instead (the same bits: for measuring the fusion).
   bool fused_chains_ = true;
 };
 

@@ -12,14 +12,48 @@
 #include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/moe_kernels.cuh"
 #include "backend/cuda/side_stream.cuh"
+#include "core/env_switch.h"
 
 namespace di {
 namespace {
+
+// Whether an unrouted expert of x's rows runs as five GEMV-path launches (gemv_expert).
+bool gemv_expert_fits(const CudaBackend& be, const Tensor& x, const ExpertWeights& ew) {
+  static const bool on = env_switch_on("DEEPINFER_GEMV_EXPERT");  // =0: the seven launches (for measuring)
+  const int64_t s = x.rows();
+  return on && be.fused_chains() && !be.batch_invariant() && cuda::dense::fp8_gemv_fits(s, ew.w1) &&
+         cuda::dense::fp8_gemv_fits(s, ew.w3) && cuda::dense::fp8_gemv_fits(s, ew.w2) && ew.w3.rows == ew.w1.rows &&
+         ew.w2.cols == ew.w1.rows && ew.w1.rows % 32 == 0;
+}
+
+// The shared expert of one or two rows (a decode step), on the CUDA-core GEMV as be.linear would run it, with
+// two launches fewer on its (side-stream) chain: x quantized once for gate and up, and h quantized by the SwiGLU
+// kernel. The same quantizer on the same values, so the same bits as the seven launches. Buffers: the MoE
+// workspace of the current stream (gemm_workspace.cuh), which the routed experts on that stream write only
+// after this chain's kernels have finished (stream order).
+Tensor gemv_expert(CudaBackend& be, const Tensor& x, const ExpertWeights& ew, float limit) {
+  using namespace cuda;
+  const int64_t s = x.rows(), d = x.row_size(), inter = ew.w1.rows;
+  uint8_t* xc = workspace_as<uint8_t>(Ws::kMoeXCodes, static_cast<size_t>(s * d));
+  float* xs = workspace_as<float>(Ws::kMoeXScales, static_cast<size_t>(s * d / 32));
+  float* gate = workspace_as<float>(Ws::kMoeGate, static_cast<size_t>(s * inter));
+  float* up = workspace_as<float>(Ws::kMoeUp, static_cast<size_t>(s * inter));
+  uint8_t* hc = workspace_as<uint8_t>(Ws::kMoeHCodes, static_cast<size_t>(s * inter));
+  float* hs = workspace_as<float>(Ws::kMoeHScales, static_cast<size_t>(s * inter / 32));
+  dense::quantize_activation(x.f32(), s, d, xc, xs);
+  dense::fp8_gemv(xc, xs, s, ew.w1, gate, {});
+  dense::fp8_gemv(xc, xs, s, ew.w3, up, {});
+  moe::swiglu_quant_rows(gate, up, s, inter, limit, hc, hs);
+  Tensor y = be.alloc(TType::kF32, {s, ew.w2.rows});
+  dense::fp8_gemv(hc, hs, s, ew.w2, y.f32(), {});
+  return y;  // [s, D] bf16 values
+}
 
 // SwiGLU expert over the rows of x (device): gate = w1(x), up = w3(x), h = bf16(w * silu(g) * u),
 // y = w2(h). `route_w` / `slots` (device, may be null) give each row's routing weight.
 Tensor run_expert(CudaBackend& be, const Tensor& x, const ExpertWeights& ew, const float* route_w,
                   const int32_t* slots, float limit) {
+  if (!route_w && gemv_expert_fits(be, x, ew)) return gemv_expert(be, x, ew, limit);
   Tensor gate = be.linear(x, ew.w1);  // [n, inter] bf16 values
   Tensor up = be.linear(x, ew.w3);
   DI_CHECK(gate.rows() == x.rows() && up.row_size() == gate.row_size());

@@ -2,6 +2,7 @@
 // scatter-add of expert outputs, and the final bf16 sum with the shared expert. The GEMMs are the
 // backend's linear() (cuda_dense.cu).
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/moe_elem.cuh"
 #include "backend/cuda/moe_kernels.cuh"
 #include "backend/cuda/pdl_launch.cuh"
@@ -38,6 +39,26 @@ __global__ void swiglu_kernel(float* __restrict__ gate, const float* __restrict_
   gate[t] = round_bf16(h);
 }
 
+// swiglu_kernel without routing weights, then act_quant_kernel on its bf16 output, one warp per 32-value block
+// of [n, inter] (inter % 32 == 0): the same expressions, so the same codes and scales as the two launches.
+// Reads 8 B and writes 1.125 B per element.
+__global__ void swiglu_quant_rows_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t nblocks,
+                                         float limit, uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  ::di::cuda::grid_dependency_wait();
+  const int64_t blk = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (blk >= nblocks) return;  // whole warps leave together
+  const int64_t t = blk * 32 + (threadIdx.x & 31);
+  float g = gate[t], u = up[t];
+  if (limit > 0) {
+    u = u < -limit ? -limit : (limit < u ? limit : u);
+    g = limit < g ? limit : g;
+  }
+  const float h = round_bf16(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_f32(-g))), u));
+  float scale;
+  codes[t] = dq::act_quant_lane(h, scale);
+  if ((threadIdx.x & 31) == 0) scales[blk] = scale;
+}
+
 // acc[rows[i]] += y[i]: n*d*8 bytes read, n*d*4 written. Rows are distinct within a call.
 __global__ void scatter_add_kernel(float* __restrict__ acc, const float* __restrict__ y, const int32_t* __restrict__ rows,
                                    int64_t n, int64_t d) {
@@ -69,6 +90,15 @@ void swiglu(float* gate, const float* up, int64_t n, int64_t inter, const float*
   if (n * inter == 0) return;
   ::di::cuda::launch(swiglu_kernel, blocks_for(n * inter, kThreads), kThreads, 0, gate, up, n, inter, route_w, slots,
                      limit);
+}
+
+void swiglu_quant_rows(const float* gate, const float* up, int64_t n, int64_t inter, float limit, uint8_t* codes,
+                       float* scales) {
+  DI_CHECK_MSG(inter % 32 == 0, "swiglu_quant_rows: the width must be a multiple of 32");
+  const int64_t nblocks = n * inter / 32;
+  if (nblocks == 0) return;
+  ::di::cuda::launch(swiglu_quant_rows_kernel, blocks_for(nblocks * 32, kThreads), kThreads, 0, gate, up, nblocks,
+                     limit, codes, scales);
 }
 
 void scatter_add_rows(float* acc, const float* y, const int32_t* rows, int64_t n, int64_t d) {

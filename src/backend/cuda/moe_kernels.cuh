@@ -38,6 +38,11 @@ void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t d, fl
 void swiglu(float* gate, const float* up, int64_t n, int64_t inter, const float* route_w, const int32_t* slots,
             float limit);
 
+// swiglu without routing weights, its bf16 output quantized as the FP8 linears quantize their input
+// (dense::quantize_activation): codes [n, inter], scales [n, inter / 32]; one launch instead of two.
+void swiglu_quant_rows(const float* gate, const float* up, int64_t n, int64_t inter, float limit, uint8_t* codes,
+                       float* scales);
+
 // acc[rows[i], :] += y[i, :] (rows distinct within one call, so no atomics and a fixed order).
 void scatter_add_rows(float* acc, const float* y, const int32_t* rows, int64_t n, int64_t d);
 
