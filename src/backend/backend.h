@@ -137,6 +137,13 @@ class Backend {
     rope(y, heads, head_dim, rope_dim, positions, table, false);
     return y;
   }
+  // linear_rope(linear(x, w_a), w_b, ..., norm): the queries' two projections with their norm between (norm.normed
+  // gets the normalized rows). A backend may fuse the norm into the first projection.
+  virtual Tensor linear_norm_linear_rope(const Tensor& x, const Weight& w_a, const Weight& w_b, int heads, int head_dim,
+                                         int rope_dim, const std::vector<int64_t>& positions, const RopeTable& table,
+                                         const InputNorm& norm) {
+    return linear_rope(linear(x, w_a), w_b, heads, head_dim, rope_dim, positions, table, norm);
+  }
   // rope(x, ..., inverse = true) then grouped_linear(x, w, groups): the attention output into wo_a.
   // x is consumed (the default rotates it in place; the CUDA backend rotates while staging it).
   virtual Tensor inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim,

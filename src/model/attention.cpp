@@ -128,8 +128,8 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
 
   // q = rope(wq_b(qr)), qr = q_norm(wq_a(x)) [q rows, q_lora]: kept where the indexer reads it too
   const bool indexed = ls.mode == AttnMode::kFull || ls.mode == AttnMode::kReindex;
-  r.q = be.linear_rope(be.linear(r.xq, a.wq_a), a.wq_b, heads, dh, rd, batch.q_positions, rope_[layer],
-                       {&a.q_norm, eps, indexed ? &r.qr : nullptr});  // [q rows, H*Dh]
+  r.q = be.linear_norm_linear_rope(r.xq, a.wq_a, a.wq_b, heads, dh, rd, batch.q_positions, rope_[layer],
+                                   {&a.q_norm, eps, indexed ? &r.qr : nullptr});  // [q rows, H*Dh]
   if (indexed) {
     r.qi = be.linear(r.qr, a.idx_wq_b);  // [q rows, nIH * ihd]
     be.rope_qdq(r.qi, cfg_.index_n_heads, ihd, rd, batch.q_positions, rope_[layer], RowFormat::kFp4Ue8m0);

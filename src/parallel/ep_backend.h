@@ -58,6 +58,11 @@ class EpBackend final : public Backend {
                      const std::vector<int64_t>& positions, const RopeTable& table, const InputNorm& norm) override {
     return inner_.linear_rope(x, w, heads, head_dim, rope_dim, positions, table, norm);
   }
+  Tensor linear_norm_linear_rope(const Tensor& x, const Weight& w_a, const Weight& w_b, int heads, int head_dim,
+                                 int rope_dim, const std::vector<int64_t>& positions, const RopeTable& table,
+                                 const InputNorm& norm) override {
+    return inner_.linear_norm_linear_rope(x, w_a, w_b, heads, head_dim, rope_dim, positions, table, norm);
+  }
   Tensor inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim, int rope_dim,
                                      const std::vector<int64_t>& positions, const RopeTable& table) override {
     return inner_.inverse_rope_grouped_linear(std::move(x), w, groups, heads, head_dim, rope_dim, positions, table);

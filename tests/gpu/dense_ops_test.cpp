@@ -27,7 +27,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -634,6 +636,46 @@ TEST_F(DenseOps, LinearRopeFusedExact) {
 // inverse_rope_grouped_linear (wo_a: the attention output's inverse RoPE applied while the tensor-core
 // kernel stages it) against rope then grouped_linear on the GPU, bit for bit: the V4.1 head (512 wide,
 // 64 rotated) and narrower heads, rows 1 .. 8 (fused) and 9, 24 (the separate ops).
+// The queries' two projections with the norm in the first GEMV's last CTA (one or two rows; a backend built with
+// DEEPINFER_GEMV_NORM_EPILOGUE=1) give the separate ops' bits: linear, rmsnorm, linear, rope -- the query and the
+// normalized rows alike. V4.1's q_lora (1280) and hidden (5120) widths, a small set, and three rows (the ops' own
+// path), with and without the normed rows; run twice, so that the arrival counter is seen to be left zero.
+TEST_F(DenseOps, LinearNormLinearRopeFusedExact) {
+  const char* dev = std::getenv("DI_GPU_TEST_BACKEND");
+  setenv("DEEPINFER_GEMV_NORM_EPILOGUE", "1", 1);
+  const std::unique_ptr<Backend> fusing = make_backend(dev ? dev : "cuda");
+  unsetenv("DEEPINFER_GEMV_NORM_EPILOGUE");
+  struct Case {
+    int heads, head_dim, rope_dim;
+    int64_t k, lora;
+  };
+  for (const Case& c : {Case{4, 512, 64, 5120, 1280}, Case{2, 128, 64, 768, 256}})
+    for (int64_t s : {1, 2, 3})
+      for (int rep = 0; rep < 2; ++rep) {
+        const int64_t n = static_cast<int64_t>(c.heads) * c.head_dim;
+        SCOPED_TRACE("K=" + std::to_string(c.k) + " lora=" + std::to_string(c.lora) + " S=" + std::to_string(s) +
+                     " rep " + std::to_string(rep));
+        OwnedWeight wa = make_weight(rng(), WeightMode::kFp8Block, DType::kF8E4M3, c.lora, c.k, *gpu);
+        OwnedWeight wb = make_weight(rng(), WeightMode::kFp8Block, DType::kF8E4M3, n, c.lora, *gpu);
+        OwnedWeight nw = gputest::random_bf16_weight(rng(), 1, c.lora, *gpu, 0.1f, WeightMode::kF32, 1.0f);
+        const RopeTable table = random_rope_table(rng(), c.rope_dim);
+        const std::vector<int64_t> pos = random_positions(rng(), s);
+        const Tensor x = gpu->from_host_f32(random_activation(rng(), s, c.k), {s, c.k});
+        Tensor normed;
+        const Tensor fused = fusing->linear_norm_linear_rope(x, wa.w, wb.w, c.heads, c.head_dim, c.rope_dim, pos,
+                                                             table, {&nw.w, 1e-6f, rep == 0 ? &normed : nullptr});
+        const Tensor in = gpu->rmsnorm(gpu->linear(x, wa.w), nw.w, 1e-6f);
+        Tensor steps = gpu->linear(in, wb.w);
+        gpu->rope(steps, c.heads, c.head_dim, c.rope_dim, pos, table, false);
+        const Compare cmp = compare(fusing->to_host_f32(fused), gpu->to_host_f32(steps));
+        EXPECT_EQ(cmp.mismatches, 0) << cmp.str() << ", " << seed_note();
+        if (rep == 0) {
+          const Compare cn = compare(fusing->to_host_f32(normed), gpu->to_host_f32(in));
+          EXPECT_EQ(cn.mismatches, 0) << "normed rows: " << cn.str() << ", " << seed_note();
+        }
+      }
+}
+
 TEST_F(DenseOps, InverseRopeGroupedLinearFusedExact) {
   struct Case {
     int heads, head_dim, rope_dim, groups;

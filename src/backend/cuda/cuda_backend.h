@@ -46,6 +46,11 @@ class CudaBackend final : public Backend {
   Tensor grouped_linear(const Tensor& x, const Weight& w, int groups) override;
   Tensor linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
                      const std::vector<int64_t>& positions, const RopeTable& table, const InputNorm& norm) override;
+  // At one or two rows on the CUDA-core GEMV, with gemv_norm_epilogue_: the norm and its FP8 quantizer in the first
+  // projection's last CTA (one launch fewer on the chain; the same bits).
+  Tensor linear_norm_linear_rope(const Tensor& x, const Weight& w_a, const Weight& w_b, int heads, int head_dim,
+                                 int rope_dim, const std::vector<int64_t>& positions, const RopeTable& table,
+                                 const InputNorm& norm) override;
   Tensor inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim, int rope_dim,
                                      const std::vector<int64_t>& positions, const RopeTable& table) override;
   Tensor rmsnorm(const Tensor& x, const Weight& weight, float eps) override;
@@ -147,6 +152,9 @@ class CudaBackend final : public Backend {
   // each, the shared expert of one or two rows in five; DEEPINFER_FUSED_CHAINS=0 runs the Backend compositions
   // instead (the same bits: for measuring the fusion).
   bool fused_chains_ = true;
+  // linear_norm_linear_rope's norm in the first GEMV's last CTA: opt-in (DEEPINFER_GEMV_NORM_EPILOGUE=1) until
+  // measured on a GPU (bench/RESULTS.md, thirty-eighth session).
+  bool gemv_norm_epilogue_ = false;
 };
 
 }  // namespace di

@@ -42,8 +42,20 @@ bool quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, b
 // batch-invariant mode): kFp8Block weights with K % 256 == 0, the activation quantized (codes [rows, K],
 // scales [rows, K / 32], as quantize_activation writes them) and staged whole (rows x K x 4 bytes <= 64 KiB).
 // Applies `rope` to the output. fp8_gemv_fits is false with DEEPINFER_FP8_GEMV=0 (A/B measurements).
+// nq.codes set: y's rows then RMS-normalized by nq.w (normed gets them when set) and FP8-quantized into
+// nq.codes / nq.scales by the grid's last CTA (the next linear's input; rmsnorm_quant_kernel's bits).
+struct GemvNormQuant {
+  const uint8_t* w = nullptr;  // [N] norm weight
+  attn::WType type = attn::WType::kBf16;
+  float eps = 0.0f;
+  float* normed = nullptr;     // [rows, N] or nullptr
+  uint8_t* codes = nullptr;    // [rows, N]
+  float* scales = nullptr;     // [rows, N / 32]
+  unsigned* counter = nullptr; // one zero arrival counter
+};
 bool fp8_gemv_fits(int64_t rows, const Weight& w);
-void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope);
+void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope,
+              const GemvNormQuant& nq = {});
 
 // The activation quantizer of quantized_linear: codes [rows, K] E4M3, scales [rows, K/32] as floats.
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);
