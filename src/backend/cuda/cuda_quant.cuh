@@ -157,6 +157,18 @@ __device__ __forceinline__ uint8_t act_quant_lane(float v, float& scale) {
   return fp8_code(v, scale_from_exponent(e));
 }
 
+// Element `at` of an RMS-normalized row (x times the row's inverse RMS, times the norm weight w, bf16), written
+// to normed (when set) and quantized by act_quant_lane into codes / scales (the next FP8 linear's input). The
+// warp's lanes hold 32 consecutive elements. rmsnorm_quant_kernel's and the GEMV norm epilogue's step.
+__device__ __forceinline__ void norm_quant_elem(int64_t at, float x, float w, float inv, float* normed, uint8_t* codes,
+                                                float* scales) {
+  const float v = round_bf16(__fmul_rn(w, __fmul_rn(x, inv)));
+  if (normed) normed[at] = v;
+  float scale;
+  codes[at] = act_quant_lane(v, scale);
+  if ((threadIdx.x & 31) == 0) scales[at / 32] = scale;
+}
+
 // ---- warp row quantizers (all 32 lanes call; n % 32 == 0) -----------------------------------------------
 
 // (1) quant::fp8_ue8m0_quant with block 32: codes [n] e4m3, scales [n/32] e8m0.

@@ -93,13 +93,8 @@ __global__ void __launch_bounds__(256)
     wv[k] = attn::weight_elem(w, wt, i);
   }
   const float inv = rms_scale(block_sum_squares_exact<256>(xr, n), n, eps);
-  const int lane = threadIdx.x & 31;
   const auto emit = [&](int64_t i, float xi, float wi) {
-    const float v = dq::round_bf16(__fmul_rn(wi, __fmul_rn(xi, inv)));
-    if (normed) normed[row * n + i] = v;
-    float scale;
-    codes[row * n + i] = dq::act_quant_lane(v, scale);
-    if (lane == 0) scales[row * (n / 32) + i / 32] = scale;
+    dq::norm_quant_elem(row * n + i, xi, wi, inv, normed, codes, scales);
   };
 #pragma unroll
   for (int k = 0; k < kHeld; ++k)  // whole warps take each step (n % 32 == 0)

@@ -147,14 +147,9 @@ __device__ __forceinline__ void norm_quant_by_last_cta(const GemvArgs& a) {
   for (int m = 0; m < M; ++m) {
     const float* row = a.y + static_cast<int64_t>(m) * a.N;
     const float inv = rms_scale(block_sum_squares_exact128(row, a.N), a.N, a.nq.eps);
-    for (int i = threadIdx.x; i < a.N; i += kThreads) {  // whole warps take each step (N % 32 == 0)
-      const float v = dq::round_bf16(__fmul_rn(attn::weight_elem(a.nq.w, a.nq.type, i), __fmul_rn(row[i], inv)));
-      const int64_t at = static_cast<int64_t>(m) * a.N + i;
-      if (a.nq.normed) a.nq.normed[at] = v;
-      float scale;
-      a.nq.codes[at] = dq::act_quant_lane(v, scale);
-      if ((threadIdx.x & 31) == 0) a.nq.scales[at / 32] = scale;
-    }
+    for (int i = threadIdx.x; i < a.N; i += kThreads)  // whole warps take each step (N % 32 == 0)
+      dq::norm_quant_elem(static_cast<int64_t>(m) * a.N + i, row[i], attn::weight_elem(a.nq.w, a.nq.type, i), inv,
+                          a.nq.normed, a.nq.codes, a.nq.scales);
   }
 }
 

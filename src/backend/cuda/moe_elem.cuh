@@ -42,4 +42,15 @@ __device__ __forceinline__ float load_elem(const uint8_t* p, ElemType t, int64_t
 __device__ __forceinline__ float exp_f32(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
 __device__ __forceinline__ float log1p_f32(float x) { return static_cast<float>(log1p(static_cast<double>(x))); }
 
+// SwiGLU of one gate / up pair, before the routing weight and the bf16 rounding: silu(min(g, limit)) *
+// clamp(u, +-limit) (no clamps when limit <= 0), in the CPU's expression order (g / (1 + exp(-g)) * u);
+// __f*_rn keeps nvcc from fusing into FMAs. std::clamp / std::min semantics: NaN stays NaN.
+__device__ __forceinline__ float swiglu_value(float g, float u, float limit) {
+  if (limit > 0) {
+    u = u < -limit ? -limit : (limit < u ? limit : u);
+    g = limit < g ? limit : g;
+  }
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_f32(-g))), u);
+}
+
 }  // namespace di::cuda::moe

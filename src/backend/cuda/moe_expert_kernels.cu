@@ -22,19 +22,13 @@ __global__ void gather_rows_kernel(const float* __restrict__ src, const int32_t*
   dst[t] = src[static_cast<int64_t>(rows[i]) * d + c];
 }
 
-// Elementwise over [n, inter]: 2 floats in, 1 out; an fp64 exp + a few FLOPs each. The expression order
-// is the CPU's (g / (1 + exp(-g)) * u, then w * h); __f*_rn keeps nvcc from fusing into FMAs.
+// Elementwise over [n, inter]: 2 floats in, 1 out; an fp64 exp + a few FLOPs each (swiglu_value, then w * h).
 __global__ void swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n, int64_t inter,
                               const float* __restrict__ route_w, const int32_t* __restrict__ slots, float limit) {
   ::di::cuda::grid_dependency_wait();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= n * inter) return;
-  float g = gate[t], u = up[t];
-  if (limit > 0) {
-    u = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp (NaN stays NaN)
-    g = limit < g ? limit : g;                           // std::min
-  }
-  float h = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_f32(-g))), u);
+  float h = swiglu_value(gate[t], up[t], limit);
   if (slots) h = __fmul_rn(route_w[slots[t / inter]], h);
   gate[t] = round_bf16(h);
 }
@@ -48,12 +42,7 @@ __global__ void swiglu_quant_rows_kernel(const float* __restrict__ gate, const f
   const int64_t blk = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (blk >= nblocks) return;  // whole warps leave together
   const int64_t t = blk * 32 + (threadIdx.x & 31);
-  float g = gate[t], u = up[t];
-  if (limit > 0) {
-    u = u < -limit ? -limit : (limit < u ? limit : u);
-    g = limit < g ? limit : g;
-  }
-  const float h = round_bf16(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_f32(-g))), u));
+  const float h = round_bf16(swiglu_value(gate[t], up[t], limit));
   float scale;
   codes[t] = dq::act_quant_lane(h, scale);
   if ((threadIdx.x & 31) == 0) scales[blk] = scale;

@@ -286,16 +286,10 @@ __global__ void swiglu_quant_kernel(const float* __restrict__ gate, const float*
   if (p >= n_rows || p >= l.offsets[n_exp]) return;  // whole warps
   const int lane = threadIdx.x & 31;
   const int64_t t = p * inter + (blk % nbk) * 32 + lane;
-  float g = gate[t], u = up[t];
-  if (limit > 0) {
-    u = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp (NaN stays NaN)
-    g = limit < g ? limit : g;                           // std::min
-  }
-  float h = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_f32(-g))), u);
-  h = dq::round_bf16(__fmul_rn(route_w[l.slot_of[p]], h));
-  const int e = dq::round_scale_exponent(dq::group_amax<32>(h, dq::kFp8AmaxFloor), dq::kFp8MaxInv);
-  codes[t] = dq::fp8_code(h, dq::scale_from_exponent(e));
-  if (lane == 0) scales[blk] = e8m0_to_float(dq::e8m0_byte(e));
+  const float h = dq::round_bf16(__fmul_rn(route_w[l.slot_of[p]], swiglu_value(gate[t], up[t], limit)));
+  float scale;
+  codes[t] = dq::act_quant_lane(h, scale);
+  if (lane == 0) scales[blk] = scale;
 }
 
 // out[t, c] = bf16(sum of down[p, c] over t's entries in expert-id order (from 0), + shared[t, c]).
