@@ -65,8 +65,8 @@ class Backend {
   virtual void side_begin() {}
   virtual void side_end() {}
   virtual void side_join() {}
-  // A mark of the side work issued so far; side_wait(mark) orders every later op after that work
-  // alone (the side work issued after the mark stays beside them).
+  // A mark of the side work issued so far (inside a side region too); side_wait(mark) orders every
+  // later op after that work alone (the side work issued after the mark stays beside them).
   virtual int side_mark() { return -1; }
   virtual void side_wait(int mark) { (void)mark; }
 
@@ -137,13 +137,6 @@ class Backend {
     rope(y, heads, head_dim, rope_dim, positions, table, false);
     return y;
   }
-  // linear_rope(linear(x, w_a), w_b, ..., norm): the queries' two projections with their norm between (norm.normed
-  // gets the normalized rows). A backend may fuse the norm into the first projection.
-  virtual Tensor linear_norm_linear_rope(const Tensor& x, const Weight& w_a, const Weight& w_b, int heads, int head_dim,
-                                         int rope_dim, const std::vector<int64_t>& positions, const RopeTable& table,
-                                         const InputNorm& norm) {
-    return linear_rope(linear(x, w_a), w_b, heads, head_dim, rope_dim, positions, table, norm);
-  }
   // rope(x, ..., inverse = true) then grouped_linear(x, w, groups): the attention output into wo_a.
   // x is consumed (the default rotates it in place; the CUDA backend rotates while staging it).
   virtual Tensor inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim,
@@ -151,6 +144,13 @@ class Backend {
                                              const RopeTable& table) {
     rope(x, heads, head_dim, rope_dim, positions, table, true);
     return grouped_linear(x, w, groups);
+  }
+  // linear(inverse_rope_grouped_linear(x, w_a, ...), w_b): the attention output's two projections (wo_a, wo_b). A
+  // backend may hand the first's output to the second already quantized.
+  virtual Tensor output_projection(Tensor x, const Weight& w_a, int groups, int heads, int head_dim, int rope_dim,
+                                   const std::vector<int64_t>& positions, const RopeTable& table, const Weight& w_b) {
+    return linear(inverse_rope_grouped_linear(std::move(x), w_a, groups, heads, head_dim, rope_dim, positions, table),
+                  w_b);
   }
   // Rounds every value to bf16 in place.
   virtual void round_bf16(Tensor& x) = 0;

@@ -216,14 +216,12 @@ Tensor ProfilingBackend::linear_rope(const Tensor& x, const Weight& w, int heads
   return y;
 }
 
-Tensor ProfilingBackend::linear_norm_linear_rope(const Tensor& x, const Weight& w_a, const Weight& w_b, int heads,
-                                                 int head_dim, int rope_dim, const std::vector<int64_t>& positions,
-                                                 const RopeTable& table, const InputNorm& norm) {
+Tensor ProfilingBackend::output_projection(Tensor x, const Weight& w_a, int groups, int heads, int head_dim,
+                                           int rope_dim, const std::vector<int64_t>& positions, const RopeTable& table,
+                                           const Weight& w_b) {
   if (mode_ != Mode::kOff)
-    return Backend::linear_norm_linear_rope(x, w_a, w_b, heads, head_dim, rope_dim, positions, table, norm);
-  Tensor y = track(inner_.linear_norm_linear_rope(x, w_a, w_b, heads, head_dim, rope_dim, positions, table, norm));
-  if (norm.normed) *norm.normed = track(*norm.normed);
-  return y;
+    return Backend::output_projection(std::move(x), w_a, groups, heads, head_dim, rope_dim, positions, table, w_b);
+  return track(inner_.output_projection(std::move(x), w_a, groups, heads, head_dim, rope_dim, positions, table, w_b));
 }
 
 Tensor ProfilingBackend::inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim,

@@ -88,12 +88,11 @@ class ProfilingBackend final : public Backend {
   Tensor grouped_linear(const Tensor& x, const Weight& w, int groups) override;
   Tensor linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
                      const std::vector<int64_t>& positions, const RopeTable& table, const InputNorm& norm) override;
-  // Plain steps (kOff) take the inner backend's fused op; counted or timed ones its two ops.
-  Tensor linear_norm_linear_rope(const Tensor& x, const Weight& w_a, const Weight& w_b, int heads, int head_dim,
-                                 int rope_dim, const std::vector<int64_t>& positions, const RopeTable& table,
-                                 const InputNorm& norm) override;
   Tensor inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim, int rope_dim,
                                      const std::vector<int64_t>& positions, const RopeTable& table) override;
+  // Plain steps (kOff) take the inner backend's fused op; counted or timed ones its two ops.
+  Tensor output_projection(Tensor x, const Weight& w_a, int groups, int heads, int head_dim, int rope_dim,
+                           const std::vector<int64_t>& positions, const RopeTable& table, const Weight& w_b) override;
   Tensor rmsnorm(const Tensor& x, const Weight& weight, float eps) override;
   void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
             const RopeTable& table, bool inverse) override;

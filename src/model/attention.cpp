@@ -100,7 +100,26 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   for (const BatchPart& p : batch.parts) rings.push_back(p.state->layers[layer].window);
   Tensor keys;  // [ring rows + rows, Dh]
   static const bool compress_beside = env_switch_on("DEEPINFER_COMPRESS_BESIDE");
-  run_beside(be, [&] {
+  // The indexer's inputs first (its head weights, the compressor), the window keys after them: the
+  // index scores wait for the first mark only, the attention for the second.
+  // DEEPINFER_INDEXER_SIDE_FIRST=0 issues the window keys first and the head weights on the main chain
+  // (an A/B: the same ops on the same inputs).
+  static const bool indexer_first = env_switch_on("DEEPINFER_INDEXER_SIDE_FIRST");
+  const bool indexed = ls.mode == AttnMode::kFull || ls.mode == AttnMode::kReindex;
+  auto index_weights = [&] {
+    r.wts = be.linear(r.xq, a.idx_weights_proj);  // [q rows, nIH]
+    be.scale_bf16(r.wts, static_cast<float>(std::pow(ihd, -0.5) * std::pow(cfg_.index_n_heads, -0.5)));
+  };
+  auto compressor_inputs = [&] {
+    if (ls.ratio == 1) {
+      r.comp_kv = be.rmsnorm(be.linear(x, a.comp_wkv), a.comp_norm, eps);
+    } else {
+      r.comp_kv = be.linear(x, a.comp_wkv);  // fp32
+      r.comp_score = be.linear(x, a.comp_wgate);
+    }
+    if (compress_beside) compress(layer, r, batch);
+  };
+  auto window_keys = [&] {
     r.kv = be.rmsnorm_rope_qdq(be.linear(x, a.wkv), a.kv_norm, eps, 1, dh, rd, batch.positions, rope_[layer],
                                RowFormat::kFp8Ue8m0);  // [rows, Dh]
     keys = r.kv;
@@ -113,28 +132,35 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
       be.copy_rows(keys, batch.ring_rows, r.kv, 0, batch.rows);
     }
     write_windows(be, r.kv, batch, rings, win);
-    if (ls.mode == AttnMode::kFull) {
-      if (ls.ratio == 1) {
-        r.comp_kv = be.rmsnorm(be.linear(x, a.comp_wkv), a.comp_norm, eps);
-      } else {
-        r.comp_kv = be.linear(x, a.comp_wkv);  // fp32
-        r.comp_score = be.linear(x, a.comp_wgate);
-      }
-      if (compress_beside) compress(layer, r, batch);
+  };
+  // The window keys, a Full layer's compressor (its inputs, latents and index keys) and the indexer's
+  // head weights need neither the queries nor the indexer: they are side work (Backend::side_begin),
+  // and so is the caller's `beside`, while the queries run on the main chain.
+  // DEEPINFER_COMPRESS_BESIDE=0 runs the compressor after the queries on the main chain (an A/B: the
+  // same ops on the same inputs, so the same bits).
+  int index_ready = -1, keys_ready = -1;
+  run_beside(be, [&] {
+    if (indexer_first) {
+      if (indexed) index_weights();
+      if (ls.mode == AttnMode::kFull) compressor_inputs();
+      index_ready = be.side_mark();
+      window_keys();
+    } else {
+      window_keys();
+      if (ls.mode == AttnMode::kFull) compressor_inputs();
     }
+    keys_ready = be.side_mark();
   });
-  const int keys_ready = be.side_mark();
+  if (!indexer_first) index_ready = keys_ready;
   if (beside) run_beside(be, beside);
 
   // q = rope(wq_b(qr)), qr = q_norm(wq_a(x)) [q rows, q_lora]: kept where the indexer reads it too
-  const bool indexed = ls.mode == AttnMode::kFull || ls.mode == AttnMode::kReindex;
-  r.q = be.linear_norm_linear_rope(r.xq, a.wq_a, a.wq_b, heads, dh, rd, batch.q_positions, rope_[layer],
-                                   {&a.q_norm, eps, indexed ? &r.qr : nullptr});  // [q rows, H*Dh]
+  r.q = be.linear_rope(be.linear(r.xq, a.wq_a), a.wq_b, heads, dh, rd, batch.q_positions, rope_[layer],
+                       {&a.q_norm, eps, indexed ? &r.qr : nullptr});  // [q rows, H*Dh]
   if (indexed) {
     r.qi = be.linear(r.qr, a.idx_wq_b);  // [q rows, nIH * ihd]
     be.rope_qdq(r.qi, cfg_.index_n_heads, ihd, rd, batch.q_positions, rope_[layer], RowFormat::kFp4Ue8m0);
-    r.wts = be.linear(r.xq, a.idx_weights_proj);  // [q rows, nIH]
-    be.scale_bf16(r.wts, static_cast<float>(std::pow(ihd, -0.5) * std::pow(cfg_.index_n_heads, -0.5)));
+    if (!indexer_first) index_weights();
   }
 
   // One sparse attention over every query row of the batch, where the top-k lists point (each
@@ -143,10 +169,8 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   std::vector<Tensor> lists(batch.parts.size());  // per part: [q rows, k] compressed row ids
   int64_t list_width = 0;
   if (ls.ratio > 0) {
-    if (ls.mode == AttnMode::kFull) {
-      be.side_wait(keys_ready);  // the compressor's inputs, or (compress_beside) its rows in the pool
-      if (!compress_beside) compress(layer, r, batch);
-    }
+    if (indexed) be.side_wait(index_ready);  // the head weights; the compressor's inputs or (compress_beside) its rows
+    if (ls.mode == AttnMode::kFull && !compress_beside) compress(layer, r, batch);
     kv_more = kv_pool_->comp(ls.kv_source);
     if (batched_indexer()) {
       lists = {compressed_branch_batch(layer, r, batch)};
@@ -247,9 +271,9 @@ Tensor Model::attention_lists(const WindowLists& wl, const std::vector<Tensor>& 
 
 Tensor Model::attention_output(int layer, Tensor o, const std::vector<int64_t>& positions) {
   const AttentionWeights& a = w_.layers[layer].attn;
-  Tensor z = backend_.inverse_rope_grouped_linear(std::move(o), a.wo_a, cfg_.o_groups, cfg_.n_heads, cfg_.head_dim,
-                                                  cfg_.rope_dim, positions, rope_[layer]);  // [n, G*o_lora]
-  return backend_.linear(z, a.wo_b);  // [n, D]
+  // wo_b(wo_a(inverse_rope(o))): [n, H*Dh] -> [n, G*o_lora] -> [n, D]
+  return backend_.output_projection(std::move(o), a.wo_a, cfg_.o_groups, cfg_.n_heads, cfg_.head_dim, cfg_.rope_dim,
+                                    positions, rope_[layer], a.wo_b);
 }
 
 void Model::compress(int layer, const AttnRows& r, Batch& batch) {

@@ -58,14 +58,13 @@ class EpBackend final : public Backend {
                      const std::vector<int64_t>& positions, const RopeTable& table, const InputNorm& norm) override {
     return inner_.linear_rope(x, w, heads, head_dim, rope_dim, positions, table, norm);
   }
-  Tensor linear_norm_linear_rope(const Tensor& x, const Weight& w_a, const Weight& w_b, int heads, int head_dim,
-                                 int rope_dim, const std::vector<int64_t>& positions, const RopeTable& table,
-                                 const InputNorm& norm) override {
-    return inner_.linear_norm_linear_rope(x, w_a, w_b, heads, head_dim, rope_dim, positions, table, norm);
-  }
   Tensor inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim, int rope_dim,
                                      const std::vector<int64_t>& positions, const RopeTable& table) override {
     return inner_.inverse_rope_grouped_linear(std::move(x), w, groups, heads, head_dim, rope_dim, positions, table);
+  }
+  Tensor output_projection(Tensor x, const Weight& w_a, int groups, int heads, int head_dim, int rope_dim,
+                           const std::vector<int64_t>& positions, const RopeTable& table, const Weight& w_b) override {
+    return inner_.output_projection(std::move(x), w_a, groups, heads, head_dim, rope_dim, positions, table, w_b);
   }
   void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
             const RopeTable& table, bool inverse) override {

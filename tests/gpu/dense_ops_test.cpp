@@ -636,46 +636,6 @@ TEST_F(DenseOps, LinearRopeFusedExact) {
 // inverse_rope_grouped_linear (wo_a: the attention output's inverse RoPE applied while the tensor-core
 // kernel stages it) against rope then grouped_linear on the GPU, bit for bit: the V4.1 head (512 wide,
 // 64 rotated) and narrower heads, rows 1 .. 8 (fused) and 9, 24 (the separate ops).
-// The queries' two projections with the norm in the first GEMV's last CTA (one or two rows; a backend built with
-// DEEPINFER_GEMV_NORM_EPILOGUE=1) give the separate ops' bits: linear, rmsnorm, linear, rope -- the query and the
-// normalized rows alike. V4.1's q_lora (1280) and hidden (5120) widths, a small set, and three rows (the ops' own
-// path), with and without the normed rows; run twice, so that the arrival counter is seen to be left zero.
-TEST_F(DenseOps, LinearNormLinearRopeFusedExact) {
-  const char* dev = std::getenv("DI_GPU_TEST_BACKEND");
-  setenv("DEEPINFER_GEMV_NORM_EPILOGUE", "1", 1);
-  const std::unique_ptr<Backend> fusing = make_backend(dev ? dev : "cuda");
-  unsetenv("DEEPINFER_GEMV_NORM_EPILOGUE");
-  struct Case {
-    int heads, head_dim, rope_dim;
-    int64_t k, lora;
-  };
-  for (const Case& c : {Case{4, 512, 64, 5120, 1280}, Case{2, 128, 64, 768, 256}})
-    for (int64_t s : {1, 2, 3})
-      for (int rep = 0; rep < 2; ++rep) {
-        const int64_t n = static_cast<int64_t>(c.heads) * c.head_dim;
-        SCOPED_TRACE("K=" + std::to_string(c.k) + " lora=" + std::to_string(c.lora) + " S=" + std::to_string(s) +
-                     " rep " + std::to_string(rep));
-        OwnedWeight wa = make_weight(rng(), WeightMode::kFp8Block, DType::kF8E4M3, c.lora, c.k, *gpu);
-        OwnedWeight wb = make_weight(rng(), WeightMode::kFp8Block, DType::kF8E4M3, n, c.lora, *gpu);
-        OwnedWeight nw = gputest::random_bf16_weight(rng(), 1, c.lora, *gpu, 0.1f, WeightMode::kF32, 1.0f);
-        const RopeTable table = random_rope_table(rng(), c.rope_dim);
-        const std::vector<int64_t> pos = random_positions(rng(), s);
-        const Tensor x = gpu->from_host_f32(random_activation(rng(), s, c.k), {s, c.k});
-        Tensor normed;
-        const Tensor fused = fusing->linear_norm_linear_rope(x, wa.w, wb.w, c.heads, c.head_dim, c.rope_dim, pos,
-                                                             table, {&nw.w, 1e-6f, rep == 0 ? &normed : nullptr});
-        const Tensor in = gpu->rmsnorm(gpu->linear(x, wa.w), nw.w, 1e-6f);
-        Tensor steps = gpu->linear(in, wb.w);
-        gpu->rope(steps, c.heads, c.head_dim, c.rope_dim, pos, table, false);
-        const Compare cmp = compare(fusing->to_host_f32(fused), gpu->to_host_f32(steps));
-        EXPECT_EQ(cmp.mismatches, 0) << cmp.str() << ", " << seed_note();
-        if (rep == 0) {
-          const Compare cn = compare(fusing->to_host_f32(normed), gpu->to_host_f32(in));
-          EXPECT_EQ(cn.mismatches, 0) << "normed rows: " << cn.str() << ", " << seed_note();
-        }
-      }
-}
-
 TEST_F(DenseOps, InverseRopeGroupedLinearFusedExact) {
   struct Case {
     int heads, head_dim, rope_dim, groups;
@@ -698,6 +658,37 @@ TEST_F(DenseOps, InverseRopeGroupedLinearFusedExact) {
       const Compare cmp = compare(gpu->to_host_f32(fused), gpu->to_host_f32(want));
       EXPECT_EQ(cmp.mismatches, 0) << cmp.str() << ", " << seed_note();
     }
+}
+
+// output_projection (wo_a's tiles quantized by the CTAs that finish them, into wo_b's GEMV) gives the two ops' bits:
+// V4.1's shapes (wo_a split over K, its tiles finished by the fix-up), a small set, and a single-chunk K (no split:
+// every CTA finishes its own tile); one, two and three rows (three: the ops' own path); run twice, so that the
+// arrival counters are seen to be left zero.
+TEST_F(DenseOps, OutputProjectionCodesExact) {
+  struct Case {
+    int heads, head_dim, rope_dim, groups;
+    int64_t lora, out;
+  };
+  for (const Case& c : {Case{64, 512, 64, 8, 1024, 1024}, Case{8, 512, 64, 2, 256, 768}, Case{4, 64, 32, 4, 256, 256}})
+    for (int64_t s : {1, 2, 3})
+      for (int rep = 0; rep < 2; ++rep) {
+        const int64_t n = static_cast<int64_t>(c.heads) * c.head_dim, k = n / c.groups, mid = c.groups * c.lora;
+        SCOPED_TRACE("output_projection heads=" + std::to_string(c.heads) + " dh=" + std::to_string(c.head_dim) +
+                     " G=" + std::to_string(c.groups) + " S=" + std::to_string(s) + " rep " + std::to_string(rep));
+        OwnedWeight wa = uniform_fp8_weight(rng(), mid, k, *gpu);
+        OwnedWeight wb = make_weight(rng(), WeightMode::kFp8Block, DType::kF8E4M3, c.out, mid, *gpu);
+        const RopeTable table = random_rope_table(rng(), c.rope_dim);
+        const std::vector<int64_t> pos = random_positions(rng(), s);
+        std::vector<float> xv = random_activation(rng(), s, n);
+        for (float& v : xv) v = quant::round_bf16(v);  // the attention's output is bf16
+        const Tensor fused = gpu->output_projection(gpu->from_host_f32(xv, {s, n}), wa.w, c.groups, c.heads,
+                                                    c.head_dim, c.rope_dim, pos, table, wb.w);
+        const Tensor z = gpu->inverse_rope_grouped_linear(gpu->from_host_f32(xv, {s, n}), wa.w, c.groups, c.heads,
+                                                          c.head_dim, c.rope_dim, pos, table);
+        const Tensor want = gpu->linear(z, wb.w);
+        const Compare cmp = compare(gpu->to_host_f32(fused), gpu->to_host_f32(want));
+        EXPECT_EQ(cmp.mismatches, 0) << cmp.str() << ", " << seed_note();
+      }
 }
 
 TEST_F(DenseOps, RmsnormRopeQdqFusedExact) {

@@ -77,7 +77,7 @@ CudaBackend::CudaBackend() {
   page_uploads_ = std::make_unique<cuda::UploadCache>();
   if (env_switch_on("DEEPINFER_LIST_CACHE")) list_uploads_ = std::make_unique<cuda::UploadCache>();
   fused_chains_ = env_switch_on("DEEPINFER_FUSED_CHAINS");
-  gemv_norm_epilogue_ = env_opt_in("DEEPINFER_GEMV_NORM_EPILOGUE");
+  output_codes_ = env_switch_on("DEEPINFER_OUTPUT_CODES");
 }
 
 CudaBackend::~CudaBackend() = default;

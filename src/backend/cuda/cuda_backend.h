@@ -46,13 +46,12 @@ class CudaBackend final : public Backend {
   Tensor grouped_linear(const Tensor& x, const Weight& w, int groups) override;
   Tensor linear_rope(const Tensor& x, const Weight& w, int heads, int head_dim, int rope_dim,
                      const std::vector<int64_t>& positions, const RopeTable& table, const InputNorm& norm) override;
-  // At one or two rows on the CUDA-core GEMV, with gemv_norm_epilogue_: the norm and its FP8 quantizer in the first
-  // projection's last CTA (one launch fewer on the chain; the same bits).
-  Tensor linear_norm_linear_rope(const Tensor& x, const Weight& w_a, const Weight& w_b, int heads, int head_dim,
-                                 int rope_dim, const std::vector<int64_t>& positions, const RopeTable& table,
-                                 const InputNorm& norm) override;
   Tensor inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim, int rope_dim,
                                      const std::vector<int64_t>& positions, const RopeTable& table) override;
+  // At one or two rows, with output_codes_: wo_a's CTAs quantize the tiles they finish for wo_b's GEMV (one launch
+  // fewer on the chain; the same bits).
+  Tensor output_projection(Tensor x, const Weight& w_a, int groups, int heads, int head_dim, int rope_dim,
+                           const std::vector<int64_t>& positions, const RopeTable& table, const Weight& w_b) override;
   Tensor rmsnorm(const Tensor& x, const Weight& weight, float eps) override;
   void rope(Tensor& x, int heads, int head_dim, int rope_dim, const std::vector<int64_t>& positions,
             const RopeTable& table, bool inverse) override;
@@ -152,9 +151,8 @@ class CudaBackend final : public Backend {
   // each, the shared expert of one or two rows in five; DEEPINFER_FUSED_CHAINS=0 runs the Backend compositions
   // instead (the same bits: for measuring the fusion).
   bool fused_chains_ = true;
-  // linear_norm_linear_rope's norm in the first GEMV's last CTA: opt-in (DEEPINFER_GEMV_NORM_EPILOGUE=1) until
-  // measured on a GPU (bench/RESULTS.md, thirty-eighth session).
-  bool gemv_norm_epilogue_ = false;
+  // output_projection's quantized hand-off (DEEPINFER_OUTPUT_CODES=0: the two ops, for measuring it).
+  bool output_codes_ = true;
 };
 
 }  // namespace di

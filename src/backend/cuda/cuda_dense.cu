@@ -382,7 +382,7 @@ Tensor CudaBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int
   cuda::dense::NormArgs na;
   if (norm.weight) {
     check_norm_weight(*norm.weight, w.cols, "linear_rope");
-    na = {cuda::wdata(*norm.weight), cuda::attn::weight_type(*norm.weight, "linear_norm_linear_rope", "norm"), norm.eps, nullptr};
+    na = {cuda::wdata(*norm.weight), cuda::attn::weight_type(*norm.weight, "linear_rope", "norm"), norm.eps, nullptr};
     if (norm.normed) {
       *norm.normed = alloc(TType::kF32, {s, w.cols});
       na.normed = norm.normed->f32();
@@ -394,42 +394,6 @@ Tensor CudaBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int
   // the epilogue rotates unless K was split across CTAs
   if (!cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_, rope, na))
     CudaBackend::rope(y, heads, head_dim, rope_dim, positions, table, false);
-  return y;
-}
-
-Tensor CudaBackend::linear_norm_linear_rope(const Tensor& x, const Weight& w_a, const Weight& w_b, int heads,
-                                            int head_dim, int rope_dim, const std::vector<int64_t>& positions,
-                                            const RopeTable& table, const InputNorm& norm) {
-  const int64_t s = x.rows();
-  if (!gemv_norm_epilogue_ || !fused_chains_ || batch_invariant_ || !norm.weight || x.type != TType::kF32 ||
-      x.row_size() != w_a.cols || w_b.cols != w_a.rows || w_a.rows % 32 != 0 || !cuda::dense::fp8_gemv_fits(s, w_a) ||
-      !cuda::dense::fp8_gemv_fits(s, w_b) || heads <= 0 || head_dim % 2 != 0 || rope_dim % 2 != 0 ||
-      static_cast<int64_t>(heads) * head_dim != w_b.rows)
-    return Backend::linear_norm_linear_rope(x, w_a, w_b, heads, head_dim, rope_dim, positions, table, norm);
-  // act_quant(x), then w_a's GEMV whose last CTA normalizes and quantizes its rows, then w_b's GEMV with RoPE: the
-  // ops of linear + linear_rope on their GEMV path, less the norm's own launch (the same bits)
-  check_norm_weight(*norm.weight, w_b.cols, "linear_norm_linear_rope");
-  Tensor y = alloc(TType::kF32, {s, w_b.rows});
-  check_rope_args(y, heads, head_dim, rope_dim, positions, table);
-  const int64_t k = w_a.cols, n = w_a.rows;
-  using cuda::Ws;
-  using cuda::workspace_as;
-  uint8_t* xc = workspace_as<uint8_t>(Ws::kActCodes, static_cast<size_t>(s * k));
-  float* xs = workspace_as<float>(Ws::kActScales, static_cast<size_t>(s * k / 32));
-  cuda::dense::GemvNormQuant nq{cuda::wdata(*norm.weight), cuda::attn::weight_type(*norm.weight, "linear_rope", "norm"),
-                                norm.eps, nullptr, workspace_as<uint8_t>(Ws::kNormCodes, static_cast<size_t>(s * n)),
-                                workspace_as<float>(Ws::kNormScales, static_cast<size_t>(s * n / 32)),
-                                workspace_as<unsigned>(Ws::kCounters, 1)};
-  if (norm.normed) {
-    *norm.normed = alloc(TType::kF32, {s, n});
-    nq.normed = norm.normed->f32();
-  }
-  Tensor qa = alloc(TType::kF32, {s, n});  // w_a's output before the norm
-  cuda::dense::quantize_activation(x.f32(), s, k, xc, xs);
-  cuda::dense::fp8_gemv(xc, xs, s, w_a, qa.f32(), {}, nq);
-  const cuda::dense::RopeArgs rope{rope_uploads_->get(positions),
-                                   RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
-  cuda::dense::fp8_gemv(nq.codes, nq.scales, s, w_b, y.f32(), rope);
   return y;
 }
 
@@ -446,6 +410,31 @@ Tensor CudaBackend::inverse_rope_grouped_linear(Tensor x, const Weight& w, int g
   const cuda::dense::RopeArgs rope{rope_uploads_->get(positions),
                                    RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
   cuda::dense::grouped_mma_linear_inverse_rope(x.f32(), x.rows(), w, groups, rope, y.f32());
+  return y;
+}
+
+Tensor CudaBackend::output_projection(Tensor x, const Weight& w_a, int groups, int heads, int head_dim, int rope_dim,
+                                     const std::vector<int64_t>& positions, const RopeTable& table, const Weight& w_b) {
+  const int64_t s = x.rows();
+  if (!output_codes_ || !fused_chains_ || batch_invariant_ || heads <= 0 || head_dim % 4 != 0 || rope_dim % 4 != 0 ||
+      x.row_size() != static_cast<int64_t>(heads) * head_dim || groups <= 0 || x.row_size() != groups * w_a.cols ||
+      w_b.cols != w_a.rows || !cuda::dense::grouped_mma_rope_fits(x.f32(), s, w_a, groups) ||
+      !cuda::dense::fp8_gemv_fits(s, w_b))
+    return Backend::output_projection(std::move(x), w_a, groups, heads, head_dim, rope_dim, positions, table, w_b);
+  // wo_a's tiles quantized by the CTAs that finish them, straight into wo_b's GEMV: the ops of
+  // inverse_rope_grouped_linear + linear on their paths, less act_quant's launch (the same bits)
+  check_rope_args(x, heads, head_dim, rope_dim, positions, table);
+  const int64_t k = w_a.rows;
+  Tensor z = alloc(TType::kF32, {s, k});  // wo_a's output [s, G*o_lora]
+  Tensor y = alloc(TType::kF32, {s, w_b.rows});
+  using cuda::Ws;
+  const cuda::dense::ActCodesOut codes{cuda::workspace_as<uint8_t>(Ws::kHandoffCodes, static_cast<size_t>(s * k)),
+                                       cuda::workspace_as<float>(Ws::kHandoffScales, static_cast<size_t>(s * k / 32))};
+  const cuda::dense::RopeArgs rope{rope_uploads_->get(positions),
+                                   RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
+  if (!cuda::dense::grouped_mma_linear_inverse_rope(x.f32(), s, w_a, groups, rope, z.f32(), codes))
+    cuda::dense::quantize_activation(z.f32(), s, k, codes.codes, codes.scales);
+  cuda::dense::fp8_gemv(codes.codes, codes.scales, s, w_b, y.f32(), {});
   return y;
 }
 

@@ -159,7 +159,7 @@ __device__ __forceinline__ uint8_t act_quant_lane(float v, float& scale) {
 
 // Element `at` of an RMS-normalized row (x times the row's inverse RMS, times the norm weight w, bf16), written
 // to normed (when set) and quantized by act_quant_lane into codes / scales (the next FP8 linear's input). The
-// warp's lanes hold 32 consecutive elements. rmsnorm_quant_kernel's and the GEMV norm epilogue's step.
+// warp's lanes hold 32 consecutive elements. rmsnorm_quant_kernel's step.
 __device__ __forceinline__ void norm_quant_elem(int64_t at, float x, float w, float inv, float* normed, uint8_t* codes,
                                                 float* scales) {
   const float v = round_bf16(__fmul_rn(w, __fmul_rn(x, inv)));

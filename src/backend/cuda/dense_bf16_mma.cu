@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/dense_linear.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
@@ -67,6 +68,21 @@ __device__ __forceinline__ void e4m3x4_to_bf16(uint32_t codes, float scale, uint
   hi = *reinterpret_cast<const uint32_t*>(&bb);
 }
 
+// The CTA's final tile of y (outputs [row0, row0 + 256) of tokens t0 .. t0 + tokens), once written by its threads,
+// quantized for the next FP8 linear: each warp 32 consecutive outputs of a token, act_quant_kernel's quantizer (the
+// same bits as quantize_activation over y). N % 32 == 0.
+__device__ __forceinline__ void quantize_tile(const float* y, int row0, int t0, int tokens, int N,
+                                              const ActCodesOut& out) {
+  __syncthreads();  // the tile's y, written by every thread of the CTA
+  const int lane = threadIdx.x % 32, blocks = min(kRowsPerCta, N - row0) / 32;
+  for (int i = threadIdx.x / 32; i < tokens * blocks; i += kMmaWarps) {
+    const int64_t at = static_cast<int64_t>(t0 + i / blocks) * N + row0 + 32 * (i % blocks) + lane;
+    float scale;
+    out.codes[at] = dq::act_quant_lane(__ldcg(y + at), scale);
+    if (lane == 0) out.scales[at / 32] = scale;
+  }
+}
+
 // x row t of the CTA's group: x + t * x_stride + group * K (group = first row / rows_per_group; a
 // CTA's rows share one group). wscale: FP8 block scales [ceil(N / 32), scale_cols] (E8M0). Up to 16
 // tokens two CTAs share an SM (the BF16 head at batch 1 - 8 streams 1.3 GB; at 146 registers it ran
@@ -76,7 +92,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     bf16_mma_kernel(const float* __restrict__ x, int64_t x_stride, int rows_per_group, int S, const uint8_t* __restrict__ w,
                     const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int k_per_split,
                     bool skip_zero_lo, bool bf16_out, float* __restrict__ y, float* __restrict__ partial,
-                    unsigned* __restrict__ counters, RopeArgs x_rope) {
+                    unsigned* __restrict__ counters, RopeArgs x_rope, ActCodesOut codes_out) {
   ::di::cuda::grid_dependency_wait();
   constexpr int kTok = 8 * NT;
   constexpr bool kFp8 = F == MmaWeight::kFp8Block;
@@ -212,11 +228,16 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     if (partial) partial[blockIdx.z * static_cast<int64_t>(S) * N + at] = v;
     else y[at] = bf16_out ? round_bf16(v) : v;
   });
+  if (!partial) {  // the tile is final
+    if (codes_out.codes) quantize_tile(y, blockIdx.x * kRowsPerCta, t0, tokens, N, codes_out);
+    return;
+  }
   // counters: the tile's last split CTA sums the splits' partials (mma::fixup_rows)
   if (!counters || !split_last_arrival(counters + blockIdx.y * gridDim.x + blockIdx.x, static_cast<int>(gridDim.z)))
     return;
   mma::fixup_rows(partial, y, blockIdx.x * kRowsPerCta, kRowsPerCta, t0, tokens, S, N, static_cast<int>(gridDim.z),
                   bf16_out);
+  if (codes_out.codes) quantize_tile(y, blockIdx.x * kRowsPerCta, t0, tokens, N, codes_out);
 }
 
 // DEEPINFER_SKIP_ZERO_LO=0 runs the lo MMAs of every chunk (A/B of the skip; same results)
@@ -242,8 +263,8 @@ constexpr int64_t kPlanFixupRounds = 8;
 constexpr int64_t kNarrowCtas = 2;
 
 template <MmaWeight F, int NT>
-void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y,
-               const RopeArgs& x_rope) {
+bool launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y,
+               const RopeArgs& x_rope, const ActCodesOut& codes_out) {
   const int64_t row_ctas = (w.rows + kRowsPerCta - 1) / kRowsPerCta, tok_ctas = (S + 8 * NT - 1) / (8 * NT);
   const int64_t ctas = row_ctas * tok_ctas, chunks = w.cols / kChunk;
   const int64_t tile_outputs = std::min<int64_t>(w.rows, kRowsPerCta) * std::min<int64_t>(S, 8 * NT);
@@ -260,18 +281,19 @@ void launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, 
   ::di::cuda::launch(bf16_mma_kernel<NT, F>, grid, kMmaThreads, 0, x, x_stride, rows_per_group, static_cast<int>(S),
                      wdata(w), F == MmaWeight::kFp8Block ? wscale(w) : nullptr, w.scale_cols, static_cast<int>(w.rows),
                      static_cast<int>(w.cols), static_cast<int>(per_split), skip_zero_lo(), bf16_out, y, partial, counters,
-                     x_rope);
+                     x_rope, partial && !fixup ? ActCodesOut{} : codes_out);
   if (partial && !fixup) reduce_splits(partial, static_cast<int>(used), S * w.rows, bf16_out, y);
+  return !(partial && !fixup);  // whether the kernel wrote codes_out
 }
 
 template <MmaWeight F>
-void launch(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y,
-            const RopeArgs& x_rope = {}) {
+bool launch(const float* x, int64_t x_stride, int rows_per_group, int64_t S, const Weight& w, bool bf16_out, float* y,
+            const RopeArgs& x_rope = {}, const ActCodesOut& codes_out = {}) {
   switch (nt_for(S)) {
-    case 1: return launch_nt<F, 1>(x, x_stride, rows_per_group, S, w, bf16_out, y, x_rope);
-    case 2: return launch_nt<F, 2>(x, x_stride, rows_per_group, S, w, bf16_out, y, x_rope);
-    case 4: return launch_nt<F, 4>(x, x_stride, rows_per_group, S, w, bf16_out, y, x_rope);
-    default: return launch_nt<F, 8>(x, x_stride, rows_per_group, S, w, bf16_out, y, x_rope);
+    case 1: return launch_nt<F, 1>(x, x_stride, rows_per_group, S, w, bf16_out, y, x_rope, codes_out);
+    case 2: return launch_nt<F, 2>(x, x_stride, rows_per_group, S, w, bf16_out, y, x_rope, codes_out);
+    case 4: return launch_nt<F, 4>(x, x_stride, rows_per_group, S, w, bf16_out, y, x_rope, codes_out);
+    default: return launch_nt<F, 8>(x, x_stride, rows_per_group, S, w, bf16_out, y, x_rope, codes_out);
   }
 }
 
@@ -304,11 +326,12 @@ bool grouped_mma_rope_fits(const float* x, int64_t rows, const Weight& w, int gr
   return rows <= 8 && grouped_mma_fits(x, rows, w, groups);
 }
 
-void grouped_mma_linear_inverse_rope(const float* x, int64_t rows, const Weight& w, int groups, const RopeArgs& rope,
-                                     float* y) {
+bool grouped_mma_linear_inverse_rope(const float* x, int64_t rows, const Weight& w, int groups, const RopeArgs& rope,
+                                     float* y, const ActCodesOut& codes_out) {
   DI_CHECK(grouped_mma_rope_fits(x, rows, w, groups) && rope.rope.freqs && rope.rope.head_dim % 2 == 0 &&
            rope.rope.rope_dim % 2 == 0 && rope.rope.rope_dim <= rope.rope.head_dim);
-  launch<MmaWeight::kFp8Block>(x, w.cols * groups, static_cast<int>(w.rows / groups), rows, w, true, y, rope);
+  return launch<MmaWeight::kFp8Block>(x, w.cols * groups, static_cast<int>(w.rows / groups), rows, w, true, y, rope,
+                                      codes_out);
 }
 
 }  // namespace di::cuda::dense

@@ -24,6 +24,12 @@ struct RopeArgs {
   const int64_t* pos = nullptr;  // [rows]
   RowRope rope{};
 };
+// Where a GEMM's output goes quantized for the next FP8 linear: codes [rows, N] E4M3, scales [rows, N / 32] (the
+// layout quantize_activation writes). codes == nullptr: none.
+struct ActCodesOut {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+};
 // RMSNorm of the GEMM's input (linear_rope with a norm: q_norm before wq_b), with rmsnorm_kernel's
 // arithmetic: up to 2 rows each CTA normalizes x while staging it; past that (or when the normalized
 // rows are wanted: `normed`) one launch normalizes and quantizes them for the GEMM. w == nullptr: none.
@@ -42,20 +48,8 @@ bool quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, b
 // batch-invariant mode): kFp8Block weights with K % 256 == 0, the activation quantized (codes [rows, K],
 // scales [rows, K / 32], as quantize_activation writes them) and staged whole (rows x K x 4 bytes <= 64 KiB).
 // Applies `rope` to the output. fp8_gemv_fits is false with DEEPINFER_FP8_GEMV=0 (A/B measurements).
-// nq.codes set: y's rows then RMS-normalized by nq.w (normed gets them when set) and FP8-quantized into
-// nq.codes / nq.scales by the grid's last CTA (the next linear's input; rmsnorm_quant_kernel's bits).
-struct GemvNormQuant {
-  const uint8_t* w = nullptr;  // [N] norm weight
-  attn::WType type = attn::WType::kBf16;
-  float eps = 0.0f;
-  float* normed = nullptr;     // [rows, N] or nullptr
-  uint8_t* codes = nullptr;    // [rows, N]
-  float* scales = nullptr;     // [rows, N / 32]
-  unsigned* counter = nullptr; // one zero arrival counter
-};
 bool fp8_gemv_fits(int64_t rows, const Weight& w);
-void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope,
-              const GemvNormQuant& nq = {});
+void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope);
 
 // The activation quantizer of quantized_linear: codes [rows, K] E4M3, scales [rows, K/32] as floats.
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);
@@ -93,9 +87,12 @@ void grouped_mma_linear(const float* x, int64_t rows, const Weight& w, int group
 // The same with x's inverse RoPE applied while staging it (x itself is not written): wo_a after the
 // attention. Up to 8 rows (each CTA recomputes the rotations of its K range; past one token tile
 // that costs more than the rope launch it saves).
+// With codes_out.codes set, y is also quantized for the next FP8 linear (quantize_activation's codes and scales,
+// the same bits) by the CTA that finalizes each tile; false when it was not (a separate split sum): the caller then
+// quantizes y itself.
 bool grouped_mma_rope_fits(const float* x, int64_t rows, const Weight& w, int groups);
-void grouped_mma_linear_inverse_rope(const float* x, int64_t rows, const Weight& w, int groups, const RopeArgs& rope,
-                                     float* y);
+bool grouped_mma_linear_inverse_rope(const float* x, int64_t rows, const Weight& w, int groups, const RopeArgs& rope,
+                                     float* y, const ActCodesOut& codes_out = {});
 
 // Block-diagonal: x [S, G*K], W [G*R, K] kFp8Block, y [S, G*R] = bf16(x_g . dequant(W_o)).
 void grouped_linear(const float* x, int64_t rows, const Weight& w, int groups, float* y);

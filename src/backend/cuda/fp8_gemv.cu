@@ -49,7 +49,6 @@ struct GemvArgs {
   int N, K;
   RopeArgs rope;
   float* y;  // [M, N], bf16-valued
-  GemvNormQuant nq;  // the fp8_gemv_kernel<M, RPH, true> epilogue
 };
 
 // One group of a half-warp lane's chunks: flat index f = rr * cpl + j (row rr of the lane's task,
@@ -127,35 +126,9 @@ __device__ __forceinline__ float chunk_dot(const uint4& w, const float* __restri
   return p;
 }
 
-// kNormQuant's epilogue: once every CTA has written its rows of y, the last to arrive normalizes each whole
-// row as rmsnorm_quant_kernel does (block_sum_squares_exact128 sums in the 256-thread order, so the same bits)
-// and quantizes it for the next linear (each warp 32 consecutive values, act_quant_kernel's quantizer). The
-// counter is left zero (gemm_workspace.cuh). N % 32 == 0.
-template <int M>
-__device__ __forceinline__ void norm_quant_by_last_cta(const GemvArgs& a) {
-  __shared__ bool last;
-  __threadfence();  // this thread's rows of y, before the arrival
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(a.nq.counter, 1u) == gridDim.x - 1;
-    if (last) *a.nq.counter = 0u;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const float* row = a.y + static_cast<int64_t>(m) * a.N;
-    const float inv = rms_scale(block_sum_squares_exact128(row, a.N), a.N, a.nq.eps);
-    for (int i = threadIdx.x; i < a.N; i += kThreads)  // whole warps take each step (N % 32 == 0)
-      dq::norm_quant_elem(static_cast<int64_t>(m) * a.N + i, row[i], attn::weight_elem(a.nq.w, a.nq.type, i), inv,
-                          a.nq.normed, a.nq.codes, a.nq.scales);
-  }
-}
-
 // Grid: up to one wave of CTAs, each taking tasks blockIdx.x, + gridDim.x, ...; a task is kHalves * RPH
 // consecutive rows (half h of warp w: rows w * 2 RPH + 2 rr + h).
-template <int M, int RPH, bool kNormQuant>
+template <int M, int RPH>
 __global__ void __launch_bounds__(kThreads, kMinCtas) fp8_gemv_kernel(GemvArgs a, int tasks) {
   Group g = first_group_then_wait<RPH>(a, tasks);
   extern __shared__ float xv[];  // [M][K]
@@ -200,14 +173,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) fp8_gemv_kernel(GemvArgs a
       }
     }
   }
-  if constexpr (kNormQuant) norm_quant_by_last_cta<M>(a);
 }
 
 // CTAs of fp8_gemv_kernel<M, RPH> resident per SM with `smem` bytes of activation, per K / 256 (the
 // occupancy query is a host call: asked once per shape).
-template <int M, int RPH, bool kNormQuant>
+template <int M, int RPH>
 int resident_ctas(int smem) {
-  const auto kernel = fp8_gemv_kernel<M, RPH, kNormQuant>;
+  const auto kernel = fp8_gemv_kernel<M, RPH>;
   static const bool attr_set = [&] {
     DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     return true;
@@ -224,19 +196,19 @@ int resident_ctas(int smem) {
   return n;
 }
 
-template <int M, int RPH, bool kNormQuant>
+template <int M, int RPH>
 void launch_gemv(const GemvArgs& a) {
   const int smem = M * a.K * 4;
   const int tasks = (a.N + kHalves * RPH - 1) / (kHalves * RPH);
-  const int grid = std::min(tasks, resident_ctas<M, RPH, kNormQuant>(smem) * sm_count());
-  ::di::cuda::launch(fp8_gemv_kernel<M, RPH, kNormQuant>, grid, kThreads, static_cast<size_t>(smem), a, tasks);
+  const int grid = std::min(tasks, resident_ctas<M, RPH>(smem) * sm_count());
+  ::di::cuda::launch(fp8_gemv_kernel<M, RPH>, grid, kThreads, static_cast<size_t>(smem), a, tasks);
 }
 
 // Rows per half-warp: two where a row has fewer chunks per lane than a group, so more loads are in flight.
-template <int M, bool kNormQuant>
+template <int M>
 void launch_gemv_rows(const GemvArgs& a) {
-  if (a.K / 256 < kGroup) launch_gemv<M, 2, kNormQuant>(a);
-  else launch_gemv<M, 1, kNormQuant>(a);
+  if (a.K / 256 < kGroup) launch_gemv<M, 2>(a);
+  else launch_gemv<M, 1>(a);
 }
 
 }  // namespace
@@ -247,14 +219,12 @@ bool fp8_gemv_fits(int64_t rows, const Weight& w) {
          rows * w.cols * 4 <= kMaxSmem && w.rows < (1LL << 30);
 }
 
-void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope,
-              const GemvNormQuant& nq) {
+void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope) {
   DI_CHECK(fp8_gemv_fits(rows, w));
-  DI_CHECK(!nq.codes || (!rope.rope.freqs && w.rows % 32 == 0 && nq.counter && nq.scales && nq.w));
   const GemvArgs a{codes, scales, wdata(w), wscale(w), w.scale_cols, static_cast<int>(w.rows), static_cast<int>(w.cols),
-                   rope, y, nq};
-  if (nq.codes) rows == 1 ? launch_gemv_rows<1, true>(a) : launch_gemv_rows<2, true>(a);
-  else rows == 1 ? launch_gemv_rows<1, false>(a) : launch_gemv_rows<2, false>(a);
+                   rope, y};
+  if (rows == 1) launch_gemv_rows<1>(a);
+  else launch_gemv_rows<2>(a);
 }
 
 }  // namespace di::cuda::dense

@@ -24,8 +24,8 @@ enum class Ws : int {
   kMoeHScales,
   kMoeDown,     // down projections per entry
   kMoeTables,   // device tables of expert weight pointers
-  kNormCodes,   // a GEMV's normalized output, quantized for the next linear (linear_norm_linear_rope)
-  kNormScales,
+  kHandoffCodes,   // a GEMM's output quantized for the next linear (output_projection)
+  kHandoffScales,
   kCount
 };
 

@@ -30,7 +30,7 @@ void set_main_stream(cudaStream_t stream);
 void side_begin();  // later work goes to the side stream, ordered after everything issued so far
 void side_end();    // later work goes to the main stream again (not ordered after the side work)
 void side_join();   // the main stream waits for the side work issued so far (no-op if none)
-int side_mark();    // a mark of the side work issued so far (on the main stream)
+int side_mark();    // a mark of the side work issued so far (inside a side region too)
 void side_wait(int mark);  // the main stream waits for the side work before `mark` (frees stay deferred)
 
 }  // namespace di::cuda
