@@ -11,6 +11,7 @@
 namespace di {
 namespace cuda {
 class UploadCache;
+struct GroupedInputs;  // the routed experts' lists and quantized input (cuda_moe_engram.cu)
 }
 
 class CudaBackend final : public Backend {
@@ -101,8 +102,11 @@ class CudaBackend final : public Backend {
                      float gate_temp) override;
   Tensor moe_experts(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                      const ExpertWeights& shared, float swiglu_limit) override;
+  // At one or two rows with shared_main_ (DEEPINFER_SHARED_MAIN=1, opt-in until measured): the router's two
+  // launches beside, ahead of `beside`, and the shared expert on the main stream before the routed experts.
   Tensor moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale, float gate_temp,
-             const std::vector<ExpertWeights>& experts, const ExpertWeights& shared, float swiglu_limit) override;
+             const std::vector<ExpertWeights>& experts, const ExpertWeights& shared, float swiglu_limit,
+             const std::function<void()>& beside) override;
 
   Tensor engram_lookup(const Tensor& cols, const Weight& table) override;
   Tensor engram_inject(const Tensor& x, const Tensor& kv, const Weight& q_weight, const Weight& k_weight, int hc,
@@ -113,9 +117,10 @@ class CudaBackend final : public Backend {
 
  private:
   // The grouped routed experts plus `shared_y`, the shared expert's output (side work until joined).
-  // inputs_ready: the routing lists and quantized x are already in the workspace (moe::route_fused).
+  // ready: the routing lists and quantized x moe::route_fused wrote (else they are built here, in the
+  // current stream's workspace).
   Tensor moe_experts_grouped(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
-                             const Tensor& shared_y, float swiglu_limit, bool inputs_ready = false);
+                             const Tensor& shared_y, float swiglu_limit, const cuda::GroupedInputs* ready = nullptr);
   // logits [S, E] of the router's gate (fp32, fp64 sums).
   Tensor router_logits(const Tensor& x, const Weight& gate);
   Tensor moe_experts_listed(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
@@ -153,6 +158,8 @@ class CudaBackend final : public Backend {
   bool fused_chains_ = true;
   // output_projection's quantized hand-off (DEEPINFER_OUTPUT_CODES=0: the two ops, for measuring it).
   bool output_codes_ = true;
+  // moe's shared expert on the main stream at one or two rows (see moe).
+  bool shared_main_ = false;
 };
 
 }  // namespace di
