@@ -297,6 +297,16 @@ inline int64_t first_mismatch(const std::vector<int32_t>& got, const std::vector
   return -1;
 }
 
+// A second GPU backend built with one switch set (the CUDA backend reads its switches when constructed):
+// a switch's path against the default one in the same process.
+inline std::unique_ptr<Backend> backend_with(const char* name, const char* value) {
+  const char* dev = std::getenv("DI_GPU_TEST_BACKEND");
+  setenv(name, value, 1);
+  std::unique_ptr<Backend> b = make_backend(dev ? dev : "cuda");
+  unsetenv(name);
+  return b;
+}
+
 // ---- fixture --------------------------------------------------------------------------------------
 
 // `cpu` and `gpu` backends and a seeded `rng` (seed printed with the test's name). Without a CUDA

@@ -31,6 +31,7 @@
 namespace di {
 namespace {
 
+using gputest::backend_with;
 using gputest::compare;
 using gputest::Compare;
 using gputest::OwnedWeight;
@@ -161,15 +162,6 @@ struct ExpertSet {
   std::vector<ExpertWeights> experts;
   ExpertWeights shared;
 };
-
-// A second GPU backend built with one switch set (the CUDA backend reads its switches when constructed).
-std::unique_ptr<Backend> backend_with(const char* name, const char* value) {
-  const char* dev = std::getenv("DI_GPU_TEST_BACKEND");
-  setenv(name, value, 1);
-  std::unique_ptr<Backend> b = make_backend(dev ? dev : "cuda");
-  unsetenv(name);
-  return b;
-}
 
 ExpertSet random_experts(Rng& rng, Backend& gpu, int64_t n_exp, int64_t inter = kInter, int64_t hidden = kHidden) {
   ExpertSet s;

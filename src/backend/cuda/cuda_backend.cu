@@ -79,6 +79,7 @@ CudaBackend::CudaBackend() {
   fused_chains_ = env_switch_on("DEEPINFER_FUSED_CHAINS");
   output_codes_ = env_switch_on("DEEPINFER_OUTPUT_CODES");
   shared_main_ = env_opt_in("DEEPINFER_SHARED_MAIN");
+  gemv_norm_in_ = env_opt_in("DEEPINFER_GEMV_NORM_IN");
 }
 
 CudaBackend::~CudaBackend() = default;

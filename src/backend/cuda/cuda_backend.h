@@ -160,6 +160,9 @@ class CudaBackend final : public Backend {
   bool output_codes_ = true;
   // moe's shared expert on the main stream at one or two rows (see moe).
   bool shared_main_ = false;
+  // linear_rope's norm in the GEMV's CTAs at one or two rows (dense::fp8_gemv_normed): opt-in
+  // (DEEPINFER_GEMV_NORM_IN=1) until measured on a GPU.
+  bool gemv_norm_in_ = false;
 };
 
 }  // namespace di
