@@ -90,20 +90,12 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   r.xq = batch.query_rows(be, x);
 
   // The attention's keys: [the rings of the parts past their first chunk ; every current row], then
-  // (kv_more) the KV source's compressed rows in the page pool. The window keys, and a Full layer's
-  // compressor (its inputs, latents and index keys), need neither the queries nor the indexer: they
-  // are side work (Backend::side_begin), and so is the caller's `beside`, while the queries run on the
-  // main chain. DEEPINFER_COMPRESS_BESIDE=0 runs the compressor after the queries on the main chain
-  // (an A/B: the same ops on the same inputs, so the same bits).
+  // (kv_more) the KV source's compressed rows in the page pool.
   const WindowLists& wl = window_lists_of(batch);
   std::vector<Tensor> rings;  // every part's ring of this layer
   for (const BatchPart& p : batch.parts) rings.push_back(p.state->layers[layer].window);
   Tensor keys;  // [ring rows + rows, Dh]
   static const bool compress_beside = env_switch_on("DEEPINFER_COMPRESS_BESIDE");
-  // The indexer's inputs first (its head weights, the compressor), the window keys after them: the
-  // index scores wait for the first mark only, the attention for the second.
-  // DEEPINFER_INDEXER_SIDE_FIRST=0 issues the window keys first and the head weights on the main chain
-  // (an A/B: the same ops on the same inputs).
   static const bool indexer_first = env_switch_on("DEEPINFER_INDEXER_SIDE_FIRST");
   const bool indexed = ls.mode == AttnMode::kFull || ls.mode == AttnMode::kReindex;
   auto index_weights = [&] {
@@ -135,9 +127,11 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   };
   // The window keys, a Full layer's compressor (its inputs, latents and index keys) and the indexer's
   // head weights need neither the queries nor the indexer: they are side work (Backend::side_begin),
-  // and so is the caller's `beside`, while the queries run on the main chain.
-  // DEEPINFER_COMPRESS_BESIDE=0 runs the compressor after the queries on the main chain (an A/B: the
-  // same ops on the same inputs, so the same bits).
+  // and so is the caller's `beside`, while the queries run on the main chain. The indexer's inputs go
+  // first, the window keys after them: the index scores wait for the first mark only, the attention
+  // for the second. A/Bs (the same ops on the same inputs, so the same bits):
+  // DEEPINFER_INDEXER_SIDE_FIRST=0 issues the window keys first and the head weights on the main chain;
+  // DEEPINFER_COMPRESS_BESIDE=0 runs the compressor after the queries on the main chain.
   int index_ready = -1, keys_ready = -1;
   run_beside(be, [&] {
     if (indexer_first) {
