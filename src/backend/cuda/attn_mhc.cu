@@ -358,13 +358,13 @@ __global__ void __launch_bounds__(kPpnThreads)
 #pragma unroll
     for (int k = 0; k < kHeld; ++k) {
       const int64_t p = threadIdx.x + k * kPpnThreads;
-      if (p < d) xr[p] = cuda::dq::round_bf16(__fmul_rn(wv[k], __fmul_rn(xv[k], inv)));
+      if (p < d) xr[p] = cuda::dq::rms_normed(xv[k], wv[k], inv);
     }
     return;
   }
 #pragma unroll 4
   for (int64_t p = threadIdx.x; p < d; p += kPpnThreads)
-    xr[p] = cuda::dq::round_bf16(__fmul_rn(cuda::attn::weight_elem(w, T, p), __fmul_rn(__ldcg(xr + p), inv)));
+    xr[p] = cuda::dq::rms_normed(__ldcg(xr + p), cuda::attn::weight_elem(w, T, p), inv);
 }
 
 // out[r, i] = bf16((sum_k x[r, k, i]) / hc).

@@ -12,6 +12,9 @@ namespace di {
 namespace cuda {
 class UploadCache;
 struct GroupedInputs;  // the routed experts' lists and quantized input (cuda_moe_engram.cu)
+namespace dense {
+struct RopeArgs;  // dense_linear.cuh
+}
 }
 
 class CudaBackend final : public Backend {
@@ -121,6 +124,12 @@ class CudaBackend final : public Backend {
   // current stream's workspace).
   Tensor moe_experts_grouped(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                              const Tensor& shared_y, float swiglu_limit, const cuda::GroupedInputs* ready = nullptr);
+  // A GEMM epilogue's / staging's RoPE: the positions and the table's frequencies uploaded (cached by content).
+  cuda::dense::RopeArgs rope_args(const std::vector<int64_t>& positions, const RopeTable& table, int head_dim,
+                                  int rope_dim);
+  // Whether inverse_rope_grouped_linear's fused kernel takes these shapes (else the Backend composition).
+  bool inverse_rope_fused_fits(const Tensor& x, const Weight& w, int groups, int heads, int head_dim,
+                               int rope_dim) const;
   // logits [S, E] of the router's gate (fp32, fp64 sums).
   Tensor router_logits(const Tensor& x, const Weight& gate);
   Tensor moe_experts_listed(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,

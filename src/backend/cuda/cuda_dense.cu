@@ -133,11 +133,11 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
   for (int k = 0; k < kHeld; ++k) {
     const int64_t i = threadIdx.x + k * kNormThreads;
-    if (i < n) yr[i] = cuda::dq::round_bf16(__fmul_rn(wv[k], __fmul_rn(xv[k], inv)));
+    if (i < n) yr[i] = cuda::dq::rms_normed(xv[k], wv[k], inv);
   }
 #pragma unroll 4
   for (int64_t i = threadIdx.x + kHeld * kNormThreads; i < n; i += kNormThreads)
-    yr[i] = cuda::dq::round_bf16(__fmul_rn(weight_value<kD>(w, i), __fmul_rn(xr[i], inv)));
+    yr[i] = cuda::dq::rms_normed(xr[i], weight_value<kD>(w, i), inv);
 }
 
 // ---- rope -------------------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kNormThreads)
   const int64_t p = pos[row];
   for (int64_t base = threadIdx.x & ~31; base < n; base += kNormThreads) {
     const int64_t i = base + lane;
-    const float v = cuda::dq::round_bf16(__fmul_rn(weight_value<kD>(w, i), __fmul_rn(xr[i], inv)));
+    const float v = cuda::dq::rms_normed(xr[i], weight_value<kD>(w, i), inv);
     yr[i] = rope_lane(v, i, p, rope);
     qdq_segment(yr + base, f);
   }
@@ -390,26 +390,34 @@ Tensor CudaBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int
     }
   }
   if (y.numel() == 0) return y;
-  const cuda::dense::RopeArgs rope{rope_uploads_->get(positions),
-                                   RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
+  const cuda::dense::RopeArgs rope = rope_args(positions, table, head_dim, rope_dim);
   // the epilogue rotates unless K was split across CTAs
   if (!cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_, rope, na))
     CudaBackend::rope(y, heads, head_dim, rope_dim, positions, table, false);
   return y;
 }
 
+cuda::dense::RopeArgs CudaBackend::rope_args(const std::vector<int64_t>& positions, const RopeTable& table,
+                                             int head_dim, int rope_dim) {
+  return {rope_uploads_->get(positions), RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
+}
+
+bool CudaBackend::inverse_rope_fused_fits(const Tensor& x, const Weight& w, int groups, int heads, int head_dim,
+                                          int rope_dim) const {
+  // (4 | head_dim, rope_dim: the staging rotates 4 values, two pairs of one head, at a time)
+  return fused_chains_ && !batch_invariant_ && heads > 0 && head_dim % 4 == 0 && rope_dim % 4 == 0 &&
+         x.row_size() == static_cast<int64_t>(heads) * head_dim && groups > 0 && x.row_size() == groups * w.cols &&
+         cuda::dense::grouped_mma_rope_fits(x.f32(), x.rows(), w, groups);
+}
+
 Tensor CudaBackend::inverse_rope_grouped_linear(Tensor x, const Weight& w, int groups, int heads, int head_dim,
                                                 int rope_dim, const std::vector<int64_t>& positions,
                                                 const RopeTable& table) {
-  // (4 | head_dim, rope_dim: the staging rotates 4 values, two pairs of one head, at a time)
-  if (!fused_chains_ || batch_invariant_ || heads <= 0 || head_dim % 4 != 0 || rope_dim % 4 != 0 ||
-      x.row_size() != static_cast<int64_t>(heads) * head_dim || groups <= 0 || x.row_size() != groups * w.cols ||
-      !cuda::dense::grouped_mma_rope_fits(x.f32(), x.rows(), w, groups))
+  if (!inverse_rope_fused_fits(x, w, groups, heads, head_dim, rope_dim))
     return Backend::inverse_rope_grouped_linear(std::move(x), w, groups, heads, head_dim, rope_dim, positions, table);
   check_rope_args(x, heads, head_dim, rope_dim, positions, table);
   Tensor y = alloc(TType::kF32, {x.rows(), w.rows});
-  const cuda::dense::RopeArgs rope{rope_uploads_->get(positions),
-                                   RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
+  const cuda::dense::RopeArgs rope = rope_args(positions, table, head_dim, rope_dim);
   cuda::dense::grouped_mma_linear_inverse_rope(x.f32(), x.rows(), w, groups, rope, y.f32());
   return y;
 }
@@ -417,9 +425,7 @@ Tensor CudaBackend::inverse_rope_grouped_linear(Tensor x, const Weight& w, int g
 Tensor CudaBackend::output_projection(Tensor x, const Weight& w_a, int groups, int heads, int head_dim, int rope_dim,
                                      const std::vector<int64_t>& positions, const RopeTable& table, const Weight& w_b) {
   const int64_t s = x.rows();
-  if (!output_codes_ || !fused_chains_ || batch_invariant_ || heads <= 0 || head_dim % 4 != 0 || rope_dim % 4 != 0 ||
-      x.row_size() != static_cast<int64_t>(heads) * head_dim || groups <= 0 || x.row_size() != groups * w_a.cols ||
-      w_b.cols != w_a.rows || !cuda::dense::grouped_mma_rope_fits(x.f32(), s, w_a, groups) ||
+  if (!output_codes_ || !inverse_rope_fused_fits(x, w_a, groups, heads, head_dim, rope_dim) || w_b.cols != w_a.rows ||
       !cuda::dense::fp8_gemv_fits(s, w_b))
     return Backend::output_projection(std::move(x), w_a, groups, heads, head_dim, rope_dim, positions, table, w_b);
   // wo_a's tiles quantized by the CTAs that finish them, straight into wo_b's GEMV: the ops of
@@ -431,8 +437,7 @@ Tensor CudaBackend::output_projection(Tensor x, const Weight& w_a, int groups, i
   using cuda::Ws;
   const cuda::dense::ActCodesOut codes{cuda::workspace_as<uint8_t>(Ws::kHandoffCodes, static_cast<size_t>(s * k)),
                                        cuda::workspace_as<float>(Ws::kHandoffScales, static_cast<size_t>(s * k / 32))};
-  const cuda::dense::RopeArgs rope{rope_uploads_->get(positions),
-                                   RowRope{rope_uploads_->get(table.freqs), head_dim, rope_dim}};
+  const cuda::dense::RopeArgs rope = rope_args(positions, table, head_dim, rope_dim);
   if (!cuda::dense::grouped_mma_linear_inverse_rope(x.f32(), s, w_a, groups, rope, z.f32(), codes))
     cuda::dense::quantize_activation(z.f32(), s, k, codes.codes, codes.scales);
   cuda::dense::fp8_gemv(codes.codes, codes.scales, s, w_b, y.f32(), {});

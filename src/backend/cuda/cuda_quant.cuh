@@ -122,6 +122,12 @@ __device__ __forceinline__ float nanmax(float a, float b) { return (a > b || a !
 
 // ---- per-element steps ------------------------------------------------------------------------------
 
+// RMSNorm of one element: bf16(w * (x * inv)), inv the row's inverse RMS (cpu rmsnorm's expression order; the
+// explicit roundings keep nvcc from fusing into an FMA).
+__device__ __forceinline__ float rms_normed(float x, float w, float inv) {
+  return round_bf16(__fmul_rn(w, __fmul_rn(x, inv)));
+}
+
 // (1) FP8 / UE8M0: code of x in a block with scale s; the qdq value.
 __device__ __forceinline__ uint8_t fp8_code(float x, float s) { return float_to_e4m3_satfinite(__fdiv_rn(round_bf16(x), s)); }
 __device__ __forceinline__ float fp8_qdq_value(float x, float s) {
@@ -162,7 +168,7 @@ __device__ __forceinline__ uint8_t act_quant_lane(float v, float& scale) {
 // warp's lanes hold 32 consecutive elements. rmsnorm_quant_kernel's step.
 __device__ __forceinline__ void norm_quant_elem(int64_t at, float x, float w, float inv, float* normed, uint8_t* codes,
                                                 float* scales) {
-  const float v = round_bf16(__fmul_rn(w, __fmul_rn(x, inv)));
+  const float v = rms_normed(x, w, inv);
   if (normed) normed[at] = v;
   float scale;
   codes[at] = act_quant_lane(v, scale);

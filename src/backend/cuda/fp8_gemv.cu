@@ -128,7 +128,7 @@ __device__ __forceinline__ void stage_normed_activation(const GemvArgs& a, float
     const int m = b / nb, i = (b - m * nb) * 32 + lane;  // element i of row m
     const int64_t at = static_cast<int64_t>(m) * a.K + i;
     const float w = attn::weight_elem(a.norm.w, a.norm.type, i);
-    const float v = dq::round_bf16(__fmul_rn(w, __fmul_rn(a.x[at], m == 0 ? inv[0] : inv[M - 1])));
+    const float v = dq::rms_normed(a.x[at], w, m == 0 ? inv[0] : inv[M - 1]);
     if (a.norm.normed && blockIdx.x == 0) a.norm.normed[at] = v;
     float scale, c[4];
     dq::e4m3x4(dq::act_quant_lane(v, scale), c);

@@ -291,7 +291,7 @@ __device__ __forceinline__ void cta_tile(const uint8_t* __restrict__ w, const ui
           if (b >= blocks) break;  // warp-uniform
           const int r = b / nkc, c = b - r * nkc;
           float xv = v[j];
-          if (src.norm_w) xv = dq::round_bf16(__fmul_rn(nw[j], __fmul_rn(xv, sinv[r])));  // rmsnorm_kernel's bf16(w * (x * inv))
+          if (src.norm_w) xv = dq::rms_normed(xv, nw[j], sinv[r]);  // rmsnorm_kernel's element
           const int e = dq::round_scale_exponent(dq::group_amax<32>(xv, dq::kFp8AmaxFloor), dq::kFp8MaxInv);
           const int at = kWg ? c * BB + b_word_offset(r, lane >> 2) + (lane & 3) : r * S + c * 32 + lane;
           sx[at] = dq::fp8_code(xv, dq::scale_from_exponent(e));
