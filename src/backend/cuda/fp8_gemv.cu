@@ -230,7 +230,11 @@ template <int M, int RPH, bool kNormIn>
 void launch_gemv(const GemvArgs& a) {
   const int smem = M * a.K * 4;
   const int tasks = (a.N + kHalves * RPH - 1) / (kHalves * RPH);
-  const int grid = std::min(tasks, resident_ctas<M, RPH, kNormIn>(smem) * sm_count());
+  // DEEPINFER_GEMV_SPARE_CTAS=n (A/B): a wave n CTAs short, so that under PDL, where this grid becomes resident
+  // while its predecessor runs, the side stream's small kernels find free slots on n SMs.
+  static const int spare = env_count("DEEPINFER_GEMV_SPARE_CTAS", 0);
+  const int wave = resident_ctas<M, RPH, kNormIn>(smem) * sm_count();
+  const int grid = std::min(tasks, std::max(wave - spare, sm_count()));
   ::di::cuda::launch(fp8_gemv_kernel<M, RPH, kNormIn>, grid, kThreads, static_cast<size_t>(smem), a, tasks);
 }
 
