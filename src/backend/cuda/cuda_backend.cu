@@ -80,6 +80,7 @@ CudaBackend::CudaBackend() {
   output_codes_ = env_switch_on("DEEPINFER_OUTPUT_CODES");
   shared_main_ = env_opt_in("DEEPINFER_SHARED_MAIN");
   gemv_norm_in_ = env_opt_in("DEEPINFER_GEMV_NORM_IN");
+  gemv_k_parts_ = env_count("DEEPINFER_GEMV_KSPLIT", 1);
 }
 
 CudaBackend::~CudaBackend() = default;

@@ -26,6 +26,7 @@ class CudaBackend final : public Backend {
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
   bool batch_invariant() const { return batch_invariant_; }
   bool fused_chains() const { return fused_chains_; }
+  int gemv_k_parts() const { return gemv_k_parts_; }
   void set_fast_fp4_gemm(bool on) override { fast_fp4_gemm_ = on; }
   void side_begin() override;
   void side_end() override;
@@ -172,6 +173,8 @@ class CudaBackend final : public Backend {
   // linear_rope's norm in the GEMV's CTAs at one or two rows (dense::fp8_gemv_normed): opt-in
   // (DEEPINFER_GEMV_NORM_IN=1) until measured on a GPU.
   bool gemv_norm_in_ = false;
+  // the FP8 GEMV's most K parts per row (dense::fp8_gemv): 1 unless DEEPINFER_GEMV_KSPLIT=2 or 4, until measured.
+  int gemv_k_parts_ = 1;
 };
 
 }  // namespace di

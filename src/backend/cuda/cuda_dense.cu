@@ -352,7 +352,7 @@ Tensor CudaBackend::linear(const Tensor& x, const Weight& w) {
   switch (w.mode) {
     case WeightMode::kFp8Block:
     case WeightMode::kFp4Expert:
-      cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_);
+      cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_, {}, {}, gemv_k_parts_);
       break;
     case WeightMode::kBf16:
     case WeightMode::kF32: {
@@ -392,7 +392,8 @@ Tensor CudaBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int
   if (y.numel() == 0) return y;
   const cuda::dense::RopeArgs rope = rope_args(positions, table, head_dim, rope_dim);
   // the epilogue rotates unless K was split across CTAs
-  if (!cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_, rope, na))
+  if (!cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_, rope, na,
+                                     gemv_k_parts_))
     CudaBackend::rope(y, heads, head_dim, rope_dim, positions, table, false);
   return y;
 }
@@ -440,7 +441,7 @@ Tensor CudaBackend::output_projection(Tensor x, const Weight& w_a, int groups, i
   const cuda::dense::RopeArgs rope = rope_args(positions, table, head_dim, rope_dim);
   if (!cuda::dense::grouped_mma_linear_inverse_rope(x.f32(), s, w_a, groups, rope, z.f32(), codes))
     cuda::dense::quantize_activation(z.f32(), s, k, codes.codes, codes.scales);
-  cuda::dense::fp8_gemv(codes.codes, codes.scales, s, w_b, y.f32(), {});
+  cuda::dense::fp8_gemv(codes.codes, codes.scales, s, w_b, y.f32(), {}, gemv_k_parts_);
   return y;
 }
 

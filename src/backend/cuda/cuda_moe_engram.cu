@@ -41,11 +41,11 @@ Tensor gemv_expert(CudaBackend& be, const Tensor& x, const ExpertWeights& ew, fl
   uint8_t* hc = workspace_as<uint8_t>(Ws::kMoeHCodes, static_cast<size_t>(s * inter));
   float* hs = workspace_as<float>(Ws::kMoeHScales, static_cast<size_t>(s * inter / 32));
   dense::quantize_activation(x.f32(), s, d, xc, xs);
-  dense::fp8_gemv(xc, xs, s, ew.w1, gate, {});
-  dense::fp8_gemv(xc, xs, s, ew.w3, up, {});
+  dense::fp8_gemv(xc, xs, s, ew.w1, gate, {}, be.gemv_k_parts());
+  dense::fp8_gemv(xc, xs, s, ew.w3, up, {}, be.gemv_k_parts());
   moe::swiglu_quant_rows(gate, up, s, inter, limit, hc, hs);
   Tensor y = be.alloc(TType::kF32, {s, ew.w2.rows});
-  dense::fp8_gemv(hc, hs, s, ew.w2, y.f32(), {});
+  dense::fp8_gemv(hc, hs, s, ew.w2, y.f32(), {}, be.gemv_k_parts());
   return y;  // [s, D] bf16 values
 }
 
