@@ -352,6 +352,10 @@ Tensor CudaBackend::linear(const Tensor& x, const Weight& w) {
   switch (w.mode) {
     case WeightMode::kFp8Block:
     case WeightMode::kFp4Expert:
+      if (const RecordedCodes* c = recorded_codes(x); c && !batch_invariant_ && cuda::dense::fp8_gemv_fits(s, w)) {
+        cuda::dense::fp8_gemv(c->codes, c->scales, s, w, y.f32(), {}, gemv_k_parts_);
+        break;
+      }
       cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_, {}, {}, gemv_k_parts_);
       break;
     case WeightMode::kBf16:

@@ -88,7 +88,8 @@ struct GroupedSplitMode {
 };
 // router_select, then route_lists and dense::quantize_activation of x [S, d] into xc / xs, in one
 // launch for a small batch (route_fused_fits: one CTA, S x E <= 1024 scores): the same outputs bit for
-// bit, two launches fewer on the decode chain. experts / weights [S, top_k] as router_select's.
+// bit, two launches fewer on the decode chain. experts / weights [S, top_k] as router_select's. x == nullptr:
+// x was quantized already (CudaBackend::recorded_codes), only the routing runs.
 // DEEPINFER_FUSED_ROUTING=0 turns the fused path off (route_fused_fits is then false).
 bool route_fused_fits(int64_t s, int64_t n_exp);
 void route_fused(const float* logits, const uint8_t* bias, DType bias_dtype, int64_t s, int64_t n_exp, int top_k,
