@@ -82,6 +82,7 @@ CudaBackend::CudaBackend() {
   gemv_norm_in_ = env_opt_in("DEEPINFER_GEMV_NORM_IN");
   gemv_k_parts_ = env_count("DEEPINFER_GEMV_KSPLIT", 1);
   norm_codes_ = env_opt_in("DEEPINFER_NORM_CODES");
+  values_wide_max_ = env_opt_in("DEEPINFER_VALUES_WIDE_MAX");
 }
 
 const CudaBackend::RecordedCodes* CudaBackend::recorded_codes(const Tensor& x) const {

@@ -27,6 +27,7 @@ class CudaBackend final : public Backend {
   bool batch_invariant() const { return batch_invariant_; }
   bool fused_chains() const { return fused_chains_; }
   int gemv_k_parts() const { return gemv_k_parts_; }
+  bool values_wide_max() const { return values_wide_max_; }
   // E4M3 codes and per-32 scales of an activation, written by the op that made it, so that the FP8 linears
   // reading it need not quantize it again (the same quantizer: the same bits).
   struct RecordedCodes {
@@ -191,6 +192,9 @@ class CudaBackend final : public Backend {
   // that output's storage lives at the same address: no op writes an hc_post_pre_norm output in place, and the
   // next call replaces the record (its buffer is rewritten only after the side stream has joined).
   bool norm_codes_ = false;
+  // the sparse attention's values kernel folds its block maxima on all its threads (attn_sparse_mma.cu
+  // running_max; DEEPINFER_VALUES_WIDE_MAX=1, opt-in until measured; the same bits).
+  bool values_wide_max_ = false;
   RecordedCodes recorded_codes_;
 };
 
