@@ -449,26 +449,30 @@ TEST_F(MoeEngramOps, EngramLookupExact) {
   }
 }
 
-// Relative L2 <= 1e-3, at most 1% of values differing.
+// Relative L2 <= 1e-3, at most 1% of values differing; on the default kernel and on a backend built with
+// DEEPINFER_WIDE_INJECT=1 (512 threads, a row's loads in one round up to D 5120, more rounds past it).
 TEST_F(MoeEngramOps, EngramInjectMatchesCpu) {
   const int hc = 4;
   const float eps = 1e-6f;
-  for (int64_t d : {kHidden, int64_t{96}})
-    for (int64_t rows : {1, 7, 40}) {
-      SCOPED_TRACE("d=" + std::to_string(d) + " rows=" + std::to_string(rows));
-      gputest::TensorPair x = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, hc * d});
-      gputest::TensorPair kv = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, (hc + 1) * d}, 0.5f);
-      OwnedWeight q = gputest::random_bf16_weight(rng(), hc, d, *gpu, 0.3f, WeightMode::kF32, 1.0f);
-      OwnedWeight k = gputest::random_bf16_weight(rng(), hc, d, *gpu, 0.3f, WeightMode::kF32, 1.0f);
-      std::vector<float> want = cpu->to_host_f32(cpu->engram_inject(x.cpu, kv.cpu, q.w, k.w, hc, eps));
-      Tensor g = gpu->engram_inject(x.gpu, kv.gpu, q.w, k.w, hc, eps);
-      ASSERT_EQ(g.shape, (std::vector<int64_t>{rows, hc * d}));
-      Compare c = compare(gpu->to_host_f32(g), want);
-      std::printf("  engram_inject d=%lld rows=%lld: %s\n", static_cast<long long>(d), static_cast<long long>(rows),
-                  c.str().c_str());
-      EXPECT_LE(c.rel_l2, 1e-3) << c.str() << ", " << seed_note();
-      EXPECT_LE(c.mismatches, c.n / 100) << c.str() << ", " << seed_note();
-    }
+  const std::unique_ptr<Backend> wide = backend_with("DEEPINFER_WIDE_INJECT", "1");
+  for (Backend* be : {gpu.get(), wide.get()})
+    for (int64_t d : {kHidden, int64_t{96}, int64_t{5120}, int64_t{6000}})
+      for (int64_t rows : {1, 7, 40}) {
+        SCOPED_TRACE("d=" + std::to_string(d) + " rows=" + std::to_string(rows) +
+                     (be == gpu.get() ? "" : " WIDE_INJECT"));
+        gputest::TensorPair x = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, hc * d});
+        gputest::TensorPair kv = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, (hc + 1) * d}, 0.5f);
+        OwnedWeight q = gputest::random_bf16_weight(rng(), hc, d, *gpu, 0.3f, WeightMode::kF32, 1.0f);
+        OwnedWeight k = gputest::random_bf16_weight(rng(), hc, d, *gpu, 0.3f, WeightMode::kF32, 1.0f);
+        std::vector<float> want = cpu->to_host_f32(cpu->engram_inject(x.cpu, kv.cpu, q.w, k.w, hc, eps));
+        Tensor g = be->engram_inject(x.gpu, kv.gpu, q.w, k.w, hc, eps);
+        ASSERT_EQ(g.shape, (std::vector<int64_t>{rows, hc * d}));
+        Compare c = compare(be->to_host_f32(g), want);
+        std::printf("  engram_inject d=%lld rows=%lld: %s\n", static_cast<long long>(d), static_cast<long long>(rows),
+                    c.str().c_str());
+        EXPECT_LE(c.rel_l2, 1e-3) << c.str() << ", " << seed_note();
+        EXPECT_LE(c.mismatches, c.n / 100) << c.str() << ", " << seed_note();
+      }
 }
 
 }  // namespace

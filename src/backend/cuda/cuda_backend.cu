@@ -83,6 +83,7 @@ CudaBackend::CudaBackend() {
   gemv_k_parts_ = env_count("DEEPINFER_GEMV_KSPLIT", 1);
   norm_codes_ = env_opt_in("DEEPINFER_NORM_CODES");
   values_wide_max_ = env_opt_in("DEEPINFER_VALUES_WIDE_MAX");
+  wide_inject_ = env_opt_in("DEEPINFER_WIDE_INJECT");
 }
 
 const CudaBackend::RecordedCodes* CudaBackend::recorded_codes(const Tensor& x) const {

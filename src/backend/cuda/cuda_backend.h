@@ -195,6 +195,9 @@ class CudaBackend final : public Backend {
   // the sparse attention's values kernel folds its block maxima on all its threads (attn_sparse_mma.cu
   // running_max; DEEPINFER_VALUES_WIDE_MAX=1, opt-in until measured; the same bits).
   bool values_wide_max_ = false;
+  // engram_inject with a row's loads in flight at once (DEEPINFER_WIDE_INJECT=1, opt-in until measured; its sums
+  // in another order: within the CPU bound, not the default kernel's bits).
+  bool wide_inject_ = false;
   RecordedCodes recorded_codes_;
 };
 

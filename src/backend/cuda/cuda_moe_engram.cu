@@ -356,7 +356,7 @@ Tensor CudaBackend::engram_inject(const Tensor& x, const Tensor& kv, const Weigh
   DI_CHECK_MSG(q_weight.dtype == k_weight.dtype, "engram_inject: q_weight and k_weight dtypes differ");
   Tensor out = alloc(TType::kF32, {s, hc * d});
   cuda::moe::engram_inject(x.f32(), kv.f32(), cuda::wdata(q_weight), cuda::wdata(k_weight), q_weight.dtype, s, hc, d,
-                           eps, out.f32());
+                           eps, out.f32(), wide_inject_);
   return out;
 }
 

@@ -117,8 +117,9 @@ void engram_lookup(const int32_t* cols, int64_t n, const uint8_t* table, const u
                    int64_t hd, float* out);
 
 // Per token and stream: gate from the rstd-normalised dot of h and key weighted by q*k, out = bf16(h +
-// gate * value). x [S, hc*D], kv [S, (hc+1)*D]; q, k: [hc*D] of w_dtype.
+// gate * value). x [S, hc*D], kv [S, (hc+1)*D]; q, k: [hc*D] of w_dtype. wide: 512 threads per (token, stream)
+// with a row's loads in flight at once (moe_engram_kernels.cu).
 void engram_inject(const float* x, const float* kv, const uint8_t* q, const uint8_t* k, DType w_dtype, int64_t s,
-                   int hc, int64_t d, float eps, float* out);
+                   int hc, int64_t d, float eps, float* out, bool wide = false);
 
 }  // namespace di::cuda::moe
