@@ -360,36 +360,6 @@ TEST_F(AttentionOps, SparseAttentionLaunchShapesExact) {
   }
 }
 
-// The values kernel's running maxima folded by all its threads (a backend built with DEEPINFER_VALUES_WIDE_MAX=1)
-// give the serial fold's bits: launches of one to five rows (values + combine_splits), up to 32 blocks of 4 key
-// parts (128 maxima per head: several 16-load rounds per thread), some -1 ids and lists past the keys, odd heads.
-TEST_F(AttentionOps, SparseAttentionWideMaxExact) {
-  const std::unique_ptr<Backend> wide = gputest::backend_with("DEEPINFER_VALUES_WIDE_MAX", "1");
-  Rng& r = rng();
-  for (const AttnCase& c : std::vector<AttnCase>{{1, 64, 512, 640, 640},
-                                                 {1, 64, 512, 2500, 2048},
-                                                 {2, 64, 512, 700, 600},
-                                                 {5, 48, 512, 600, 520},
-                                                 {3, 80, 64, 150, 130},
-                                                 {1, 16, 64, 150, 100}}) {
-    SCOPED_TRACE("rows=" + std::to_string(c.rows) + " heads=" + std::to_string(c.heads) + " dh=" + std::to_string(c.dh) +
-                 " kv=" + std::to_string(c.n_kv) + " L=" + std::to_string(c.len) + " " + seed_note());
-    const std::vector<float> qv = gputest::random_bf16_values(r, c.rows * c.heads * c.dh);
-    const Tensor kv = gpu->from_host_f32(gputest::random_bf16_values(r, c.n_kv * c.dh), {c.n_kv, c.dh});
-    const std::vector<int32_t> idx = random_index_lists(r, c.rows, c.len, c.n_kv, c.rows > 1);
-    OwnedWeight sink = gputest::random_f32_weight(r, 1, c.heads, *gpu, 1.0f);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.dh));
-    std::vector<float> out[2];
-    for (int i = 0; i < 2; ++i) {
-      Backend& be = i == 0 ? *gpu : *wide;
-      out[i] = be.to_host_f32(be.sparse_attention(be.from_host_f32(qv, {c.rows, c.heads * c.dh}), c.heads, kv,
-                                                  be.from_host_i32(idx, {c.rows, c.len}), sink.w, scale));
-    }
-    int64_t at = 0;
-    EXPECT_EQ(bit_mismatches(out[1], out[0], &at), 0) << at_str(out[1], out[0], at);
-  }
-}
-
 // ---- paged row ids ------------------------------------------------------------------------------------
 
 TEST_F(AttentionOps, MapPagedRowsExact) {

@@ -212,21 +212,18 @@ OwnedWeight make_weight(Rng& rng, WeightMode mode, DType dtype, int64_t n, int64
   return gputest::random_bf16_weight(rng, n, k, gpu, 0.05f, mode);
 }
 
-// gpu: another GPU backend than the fixture's (one built with a switch), or nullptr.
-void check_linear(DenseOps& t, WeightMode mode, DType dtype, int64_t s, int64_t n, int64_t k, bool fast = false,
-                  Backend* gpu = nullptr) {
+void check_linear(DenseOps& t, WeightMode mode, DType dtype, int64_t s, int64_t n, int64_t k, bool fast = false) {
   const std::string label = std::string(weight_mode_name(mode)) + "/" + dtype_name(dtype) + " S=" + std::to_string(s) +
                             " N=" + std::to_string(n) + " K=" + std::to_string(k) + (fast ? " fast" : "");
-  Backend& g = gpu ? *gpu : *t.gpu;
-  g.set_fast_fp4_gemm(fast);
+  t.gpu->set_fast_fp4_gemm(fast);
   SCOPED_TRACE(label);
   Rng& rng = t.rng();
   OwnedWeight w = make_weight(rng, mode, dtype, n, k, *t.gpu);
   std::vector<float> xv = random_activation(rng, s, k);
   Tensor yc = t.cpu->linear(t.cpu->from_host_f32(xv, {s, k}), w.w);
-  Tensor yg = g.linear(g.from_host_f32(xv, {s, k}), w.w);
+  Tensor yg = t.gpu->linear(t.gpu->from_host_f32(xv, {s, k}), w.w);
   ASSERT_EQ(yg.shape, (std::vector<int64_t>{s, n}));
-  std::vector<float> want = t.cpu->to_host_f32(yc), got = g.to_host_f32(yg);
+  std::vector<float> want = t.cpu->to_host_f32(yc), got = t.gpu->to_host_f32(yg);
   const Compare c = compare(got, want);
   std::printf("[ info     ] linear %s: %s\n", label.c_str(), c.str().c_str());
   const std::vector<double> l1 = abs_sums(xv, s, k, host_weight_values(w.w), n, k, n);
@@ -640,36 +637,6 @@ TEST_F(DenseOps, LinearRopeFusedExact) {
             EXPECT_EQ(cn.mismatches, 0) << "normed rows: " << cn.str() << ", " << seed_note();
           }
         }
-}
-
-// The FP8 GEMV with each row's chunks split over 2 or 4 warps (a backend built with DEEPINFER_GEMV_KSPLIT), at
-// shapes it splits: V4.1's wq_a, wkv and shared-expert gate widths (K 5120), chunks per lane not a multiple of
-// the parts (2304, 3072), N not a multiple of a task's rows (203, 77, 130); one and two rows against the CPU
-// within check_linear's bounds. Then linear_rope there (the rotation's partner row is in the part-0 warp) against
-// that backend's own linear and rope, bit for bit.
-TEST_F(DenseOps, GemvKPartsMatchCpu) {
-  for (const char* parts : {"2", "4"}) {
-    const std::unique_ptr<Backend> split = backend_with("DEEPINFER_GEMV_KSPLIT", parts);
-    SCOPED_TRACE(std::string("DEEPINFER_GEMV_KSPLIT=") + parts);
-    for (int64_t s : {1, 2})
-      for (auto [n, k] : {std::pair<int64_t, int64_t>{1280, 5120}, {512, 5120}, {2304, 5120}, {203, 2304}, {77, 8192},
-                          {130, 3072}})
-        check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, s, n, k, false, split.get());
-    for (int64_t s : {1, 2}) {
-      const int heads = 2, head_dim = 512, rope_dim = 64;
-      const int64_t k = 5120, n = int64_t{heads} * head_dim;
-      SCOPED_TRACE("linear_rope S=" + std::to_string(s));
-      OwnedWeight w = make_weight(rng(), WeightMode::kFp8Block, DType::kF8E4M3, n, k, *gpu);
-      const RopeTable table = random_rope_table(rng(), rope_dim);
-      const std::vector<int64_t> pos = random_positions(rng(), s);
-      const Tensor x = split->from_host_f32(random_activation(rng(), s, k), {s, k});
-      const Tensor fused = split->linear_rope(x, w.w, heads, head_dim, rope_dim, pos, table, {});
-      Tensor steps = split->linear(x, w.w);
-      split->rope(steps, heads, head_dim, rope_dim, pos, table, false);
-      const Compare cmp = compare(split->to_host_f32(fused), split->to_host_f32(steps));
-      EXPECT_EQ(cmp.mismatches, 0) << cmp.str() << ", " << seed_note();
-    }
-  }
 }
 
 // inverse_rope_grouped_linear (wo_a: the attention output's inverse RoPE applied while the tensor-core

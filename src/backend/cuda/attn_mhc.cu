@@ -296,9 +296,7 @@ __global__ void hc_post_kernel(const float* __restrict__ y, const float* __restr
 // Each CTA writes its positions' out and x (x into xn); the row's last CTA to finish (counter) sums
 // x^2 in cpu::sum_squares's order (thread t: chain t) and normalises the row in place. At batch 1 the
 // three kernels were ~11 us of launches and latency per site; one CTA per row doing all of it was
-// slower still (a 200 KB row through one SM). With codes set (D % 32 == 0), that CTA also quantizes the
-// normalized row for the FP8 linears that read it (act_quant_kernel's quantizer: a warp's lanes hold 32
-// consecutive values), so they need no quantizing launch of their own.
+// slower still (a 200 KB row through one SM).
 constexpr int kPpnThreads = 256;
 
 template <WType T>
@@ -306,8 +304,7 @@ __global__ void __launch_bounds__(kPpnThreads)
     hc_post_pre_norm_kernel(const float* __restrict__ y, const float* __restrict__ res,
                             const float* __restrict__ post_mix, int64_t post_mw, const float* __restrict__ pre_mix,
                             int64_t pre_mw, int hc, int64_t d, const uint8_t* __restrict__ w, float eps,
-                            unsigned* __restrict__ counters, float* __restrict__ out, float* __restrict__ xn,
-                            uint8_t* __restrict__ codes, float* __restrict__ code_scales) {
+                            unsigned* __restrict__ counters, float* __restrict__ out, float* __restrict__ xn) {
   ::di::cuda::grid_dependency_wait();
   const int64_t r = blockIdx.y, i = static_cast<int64_t>(blockIdx.x) * kPpnThreads + threadIdx.x;
   __shared__ float post[kMaxHc], pre[kMaxHc], comb[kMaxHc * kMaxHc];
@@ -357,21 +354,17 @@ __global__ void __launch_bounds__(kPpnThreads)
   }
   const float dot = cuda::block_chains_total<kPpnThreads>(ss);
   const float inv = cuda::rms_scale(dot, d, eps);
-  // p < d is warp-uniform when codes are written (d % 32 == 0), as act_quant_lane needs
-  const auto put = [&](int64_t p, float x, float wp) {
-    if (codes) cuda::dq::norm_quant_elem(r * d + p, x, wp, inv, xn, codes, code_scales);
-    else xr[p] = cuda::dq::rms_normed(x, wp, inv);
-  };
   if (d <= kSpan) {  // one trip: the registers hold the thread's whole share of the row
 #pragma unroll
     for (int k = 0; k < kHeld; ++k) {
       const int64_t p = threadIdx.x + k * kPpnThreads;
-      if (p < d) put(p, xv[k], wv[k]);
+      if (p < d) xr[p] = cuda::dq::rms_normed(xv[k], wv[k], inv);
     }
     return;
   }
 #pragma unroll 4
-  for (int64_t p = threadIdx.x; p < d; p += kPpnThreads) put(p, __ldcg(xr + p), cuda::attn::weight_elem(w, T, p));
+  for (int64_t p = threadIdx.x; p < d; p += kPpnThreads)
+    xr[p] = cuda::dq::rms_normed(__ldcg(xr + p), cuda::attn::weight_elem(w, T, p), inv);
 }
 
 // out[r, i] = bf16((sum_k x[r, k, i]) / hc).
@@ -472,15 +465,9 @@ std::pair<Tensor, Tensor> CudaBackend::hc_post_pre_norm(const Tensor& y, const T
                  : w_t == WType::kF16 ? hc_post_pre_norm_kernel<WType::kF16>
                                       : hc_post_pre_norm_kernel<WType::kF32>;
   unsigned* counters = cuda::workspace_as<unsigned>(cuda::Ws::kCounters, static_cast<size_t>(s));  // kept zero
-  // xn quantized beside it for the linears of one or two rows that read it (recorded_codes)
-  recorded_codes_ = {};
-  if (norm_codes_ && s <= 2 && d % 32 == 0)
-    recorded_codes_ = {xn.storage, xn.data, s, d, cuda::workspace_as<uint8_t>(cuda::Ws::kNormCodes, static_cast<size_t>(s * d)),
-                       cuda::workspace_as<float>(cuda::Ws::kNormScales, static_cast<size_t>(s * d / 32))};
   const dim3 grid(static_cast<unsigned>(cuda::blocks_for(d, kPpnThreads)), static_cast<unsigned>(s));
   ::di::cuda::launch(kernel, grid, kPpnThreads, 0, y.f32(), residual.f32(), post_mix.f32(), post_mix.row_size(),
-                     pre_mix.f32(), pre_mix.row_size(), hc, d, cuda::wdata(norm), eps, counters, out.f32(), xn.f32(),
-                     recorded_codes_.codes, recorded_codes_.scales);
+                     pre_mix.f32(), pre_mix.row_size(), hc, d, cuda::wdata(norm), eps, counters, out.f32(), xn.f32());
   return {out, xn};
 }
 

@@ -347,62 +347,16 @@ __device__ __forceinline__ void load_p_fragments(const __nv_bfloat16* ps, int mt
   }
 }
 
-// The CPU's running max of head h0 + h (h < hn) when it reaches block blk: the maxima of blocks 0 .. blk (all their
-// key parts) folded from -1e30 with std_max, which skips NaNs, so any grouping gives the same value. Into
-// run_max[h], published by the caller's next barrier. wide: all the CTA's threads fold (kThreads / kHeadTile per
-// head, 16 loads each in flight, one barrier), so a late block costs one L2 round trip instead of one per 8 maxima.
-__device__ __forceinline__ void running_max(const float* __restrict__ blk_max, int64_t r, int heads, int h0, int hn,
-                                            int64_t nblk, int parts, int64_t blk, bool wide, float* run_max) {
-  const int64_t n_max = (blk + 1) * parts;
-  if (!wide) {
-    if (threadIdx.x < hn) {
-      const float* bm = blk_max + (r * heads + h0 + threadIdx.x) * nblk * parts;
-      float m = -1e30f;
-      for (int64_t b0 = 0; b0 < n_max; b0 += 8) {
-        float v[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = b0 + i < n_max ? bm[b0 + i] : kNegInf;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) m = std_max(m, v[i]);
-      }
-      run_max[threadIdx.x] = m;
-    }
-    return;
-  }
-  constexpr int kFolders = kThreads / kHeadTile, kLoads = 16;
-  __shared__ float folded[kFolders][kHeadTile];
-  const int h = threadIdx.x % kHeadTile, f = threadIdx.x / kHeadTile;
-  float m = -1e30f;
-  if (h < hn) {
-    const float* bm = blk_max + (r * heads + h0 + h) * nblk * parts;
-    for (int64_t b0 = f * kLoads; b0 < n_max; b0 += kFolders * kLoads) {
-      float v[kLoads];
-#pragma unroll
-      for (int i = 0; i < kLoads; ++i) v[i] = b0 + i < n_max ? bm[b0 + i] : kNegInf;
-#pragma unroll
-      for (int i = 0; i < kLoads; ++i) m = std_max(m, v[i]);
-    }
-  }
-  folded[f][h] = m;
-  __syncthreads();
-  if (threadIdx.x < hn) {
-    float all = -1e30f;
-#pragma unroll
-    for (int i = 0; i < kFolders; ++i) all = std_max(all, folded[i][threadIdx.x]);
-    run_max[threadIdx.x] = all;
-  }
-}
-
 // Kernel 2, grid (rows, head tiles x dim slices, blocks): part[r, h, blk] = (sum_j bf16(p_j) v_j [dh],
 // m, l), CTA (.., tile * slices + slice, ..) writing dims [slice x slice_dims, +slice_dims) and slice
 // 0 the (m, l) pair; every slice computes the tile's probabilities alike. blk_max holds the maxima of
-// the scores kernel's `parts` key parts per block (running_max, `wide_max`). The values are staged
+// the scores kernel's `parts` key parts per block. The values are staged
 // kScoreCols dims at a time (43 KB of shared memory instead of 76 at one slice); PV: warp w computes
 // heads 16 (w % 4) .. +16 over the staged dims' half w / 4, 64 at a time.
 __global__ void __launch_bounds__(kThreads)
     attn_values_kernel(AttnKeys keys, const int32_t* __restrict__ idx, int64_t len, int heads, int dh, int slice_dims,
                        int parts, const float* __restrict__ scores, const float* __restrict__ blk_max,
-                       float* __restrict__ part, bool wide_max) {
+                       float* __restrict__ part) {
   ::di::cuda::grid_dependency_wait();
   extern __shared__ uint4 smem_u4[];
   const int st = min(slice_dims, kScoreCols) + kPad;
@@ -415,7 +369,21 @@ __global__ void __launch_bounds__(kThreads)
   const int h0 = (blockIdx.y / slices) * kHeadTile, hn = min(kHeadTile, heads - h0);
   const int d_first = slice * slice_dims, d_last = d_first + slice_dims;  // this CTA's dims
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, qd = lane % 4;
-  running_max(blk_max, r, heads, h0, hn, nblk, parts, blk, wide_max, run_max);
+  // the CPU's running max when it reaches this block: the maxima of blocks 0 .. blk (all their key
+  // parts), folded from -1e30 (a max of maxima: the same value however the blocks were split)
+  if (threadIdx.x < hn) {
+    const float* bm = blk_max + (r * heads + h0 + threadIdx.x) * nblk * parts;
+    const int64_t n_max = (blk + 1) * parts;
+    float m = -1e30f;
+    for (int64_t b0 = 0; b0 < n_max; b0 += 8) {
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = b0 + i < n_max ? bm[b0 + i] : kNegInf;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) m = std_max(m, v[i]);
+    }
+    run_max[threadIdx.x] = m;
+  }
   // the slice's first dims; its first barrier publishes run_max
   stage_keys(keys, idx, r, len, blk, 0, kBlock, dh, d_first, min(slice_dims, kScoreCols), st, true, ids, vs);
   block_probabilities(scores, r, heads, h0, hn, nblk, blk, run_max, ps, lpart);
@@ -721,7 +689,7 @@ void sparse_attention_mma(int64_t s, int heads, int dh, const float* q, const At
     }
     if (part.empty()) part = be.alloc(TType::kF32, {n * heads * nblk, dh + 2});
     ::di::cuda::launch(attn_values_kernel, value_grid, kThreads, smem_values, keys, idx + r0 * len, len, heads, dh,
-                       shape.slice_dims, shape.key_parts, scores.f32(), bmax.f32(), part.f32(), be.values_wide_max());
+                       shape.slice_dims, shape.key_parts, scores.f32(), bmax.f32(), part.f32());
     combine_splits(part.f32(), static_cast<int>(nblk), rows, heads, dh, sink, sink_t, out + r0 * heads * dh);
   }
 }

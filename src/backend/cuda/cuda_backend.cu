@@ -80,19 +80,7 @@ CudaBackend::CudaBackend() {
   output_codes_ = env_switch_on("DEEPINFER_OUTPUT_CODES");
   shared_main_ = env_opt_in("DEEPINFER_SHARED_MAIN");
   gemv_norm_in_ = env_opt_in("DEEPINFER_GEMV_NORM_IN");
-  gemv_k_parts_ = env_count("DEEPINFER_GEMV_KSPLIT", 1);
-  norm_codes_ = env_opt_in("DEEPINFER_NORM_CODES");
-  values_wide_max_ = env_opt_in("DEEPINFER_VALUES_WIDE_MAX");
-  wide_inject_ = env_opt_in("DEEPINFER_WIDE_INJECT");
-}
-
-const CudaBackend::RecordedCodes* CudaBackend::recorded_codes(const Tensor& x) const {
-  const RecordedCodes& r = recorded_codes_;
-  const bool same_storage = !r.storage.owner_before(x.storage) && !x.storage.owner_before(r.storage);
-  if (r.codes == nullptr || r.storage.expired() || !same_storage || x.data != r.data || x.type != TType::kF32 ||
-      x.rows() != r.rows || x.row_size() != r.cols)
-    return nullptr;
-  return &r;
+  wide_inject_ = env_switch_on("DEEPINFER_WIDE_INJECT");
 }
 
 CudaBackend::~CudaBackend() = default;

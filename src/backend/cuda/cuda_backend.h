@@ -26,19 +26,6 @@ class CudaBackend final : public Backend {
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
   bool batch_invariant() const { return batch_invariant_; }
   bool fused_chains() const { return fused_chains_; }
-  int gemv_k_parts() const { return gemv_k_parts_; }
-  bool values_wide_max() const { return values_wide_max_; }
-  // E4M3 codes and per-32 scales of an activation, written by the op that made it, so that the FP8 linears
-  // reading it need not quantize it again (the same quantizer: the same bits).
-  struct RecordedCodes {
-    std::weak_ptr<void> storage;  // the activation's
-    const void* data = nullptr;
-    int64_t rows = 0, cols = 0;
-    uint8_t* codes = nullptr;  // [rows, cols]
-    float* scales = nullptr;   // [rows, cols / 32]
-  };
-  // x's codes when the last hc_post_pre_norm recorded them for x (nullptr otherwise).
-  const RecordedCodes* recorded_codes(const Tensor& x) const;
   void set_fast_fp4_gemm(bool on) override { fast_fp4_gemm_ = on; }
   void side_begin() override;
   void side_end() override;
@@ -185,20 +172,9 @@ class CudaBackend final : public Backend {
   // linear_rope's norm in the GEMV's CTAs at one or two rows (dense::fp8_gemv_normed): opt-in
   // (DEEPINFER_GEMV_NORM_IN=1) until measured on a GPU.
   bool gemv_norm_in_ = false;
-  // the FP8 GEMV's most K parts per row (dense::fp8_gemv): 1 unless DEEPINFER_GEMV_KSPLIT=2 or 4, until measured.
-  int gemv_k_parts_ = 1;
-  // hc_post_pre_norm quantizes its normalized rows beside them at one or two rows (DEEPINFER_NORM_CODES=1, opt-in
-  // until measured): linear's GEMV, the shared expert and the routed experts read recorded_codes_. Valid while
-  // that output's storage lives at the same address: no op writes an hc_post_pre_norm output in place, and the
-  // next call replaces the record (its buffer is rewritten only after the side stream has joined).
-  bool norm_codes_ = false;
-  // the sparse attention's values kernel folds its block maxima on all its threads (attn_sparse_mma.cu
-  // running_max; DEEPINFER_VALUES_WIDE_MAX=1, opt-in until measured; the same bits).
-  bool values_wide_max_ = false;
-  // engram_inject with a row's loads in flight at once (DEEPINFER_WIDE_INJECT=1, opt-in until measured; its sums
-  // in another order: within the CPU bound, not the default kernel's bits).
-  bool wide_inject_ = false;
-  RecordedCodes recorded_codes_;
+  // engram_inject with a row's loads in flight at once (DEEPINFER_WIDE_INJECT=0: the 256-thread kernel, one L2 round
+  // trip per 256 elements; its sums in another order, both within the CPU bound).
+  bool wide_inject_ = true;
 };
 
 }  // namespace di

@@ -352,11 +352,7 @@ Tensor CudaBackend::linear(const Tensor& x, const Weight& w) {
   switch (w.mode) {
     case WeightMode::kFp8Block:
     case WeightMode::kFp4Expert:
-      if (const RecordedCodes* c = recorded_codes(x); c && !batch_invariant_ && cuda::dense::fp8_gemv_fits(s, w)) {
-        cuda::dense::fp8_gemv(c->codes, c->scales, s, w, y.f32(), {}, gemv_k_parts_);
-        break;
-      }
-      cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_, {}, {}, gemv_k_parts_);
+      cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_);
       break;
     case WeightMode::kBf16:
     case WeightMode::kF32: {
@@ -396,8 +392,7 @@ Tensor CudaBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int
   if (y.numel() == 0) return y;
   const cuda::dense::RopeArgs rope = rope_args(positions, table, head_dim, rope_dim);
   // the epilogue rotates unless K was split across CTAs
-  if (!cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_, rope, na,
-                                     gemv_k_parts_))
+  if (!cuda::dense::quantized_linear(x.f32(), s, w, y.f32(), batch_invariant_, fast_fp4_gemm_, rope, na))
     CudaBackend::rope(y, heads, head_dim, rope_dim, positions, table, false);
   return y;
 }
@@ -445,7 +440,7 @@ Tensor CudaBackend::output_projection(Tensor x, const Weight& w_a, int groups, i
   const cuda::dense::RopeArgs rope = rope_args(positions, table, head_dim, rope_dim);
   if (!cuda::dense::grouped_mma_linear_inverse_rope(x.f32(), s, w_a, groups, rope, z.f32(), codes))
     cuda::dense::quantize_activation(z.f32(), s, k, codes.codes, codes.scales);
-  cuda::dense::fp8_gemv(codes.codes, codes.scales, s, w_b, y.f32(), {}, gemv_k_parts_);
+  cuda::dense::fp8_gemv(codes.codes, codes.scales, s, w_b, y.f32(), {});
   return y;
 }
 

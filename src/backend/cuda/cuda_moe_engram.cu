@@ -34,19 +34,18 @@ bool gemv_expert_fits(const CudaBackend& be, const Tensor& x, const ExpertWeight
 Tensor gemv_expert(CudaBackend& be, const Tensor& x, const ExpertWeights& ew, float limit) {
   using namespace cuda;
   const int64_t s = x.rows(), d = x.row_size(), inter = ew.w1.rows;
-  const CudaBackend::RecordedCodes* recorded = be.recorded_codes(x);
-  uint8_t* xc = recorded ? recorded->codes : workspace_as<uint8_t>(Ws::kMoeXCodes, static_cast<size_t>(s * d));
-  float* xs = recorded ? recorded->scales : workspace_as<float>(Ws::kMoeXScales, static_cast<size_t>(s * d / 32));
+  uint8_t* xc = workspace_as<uint8_t>(Ws::kMoeXCodes, static_cast<size_t>(s * d));
+  float* xs = workspace_as<float>(Ws::kMoeXScales, static_cast<size_t>(s * d / 32));
   float* gate = workspace_as<float>(Ws::kMoeGate, static_cast<size_t>(s * inter));
   float* up = workspace_as<float>(Ws::kMoeUp, static_cast<size_t>(s * inter));
   uint8_t* hc = workspace_as<uint8_t>(Ws::kMoeHCodes, static_cast<size_t>(s * inter));
   float* hs = workspace_as<float>(Ws::kMoeHScales, static_cast<size_t>(s * inter / 32));
-  if (!recorded) dense::quantize_activation(x.f32(), s, d, xc, xs);
-  dense::fp8_gemv(xc, xs, s, ew.w1, gate, {}, be.gemv_k_parts());
-  dense::fp8_gemv(xc, xs, s, ew.w3, up, {}, be.gemv_k_parts());
+  dense::quantize_activation(x.f32(), s, d, xc, xs);
+  dense::fp8_gemv(xc, xs, s, ew.w1, gate, {});
+  dense::fp8_gemv(xc, xs, s, ew.w3, up, {});
   moe::swiglu_quant_rows(gate, up, s, inter, limit, hc, hs);
   Tensor y = be.alloc(TType::kF32, {s, ew.w2.rows});
-  dense::fp8_gemv(hc, hs, s, ew.w2, y.f32(), {}, be.gemv_k_parts());
+  dense::fp8_gemv(hc, hs, s, ew.w2, y.f32(), {});
   return y;  // [s, D] bf16 values
 }
 
@@ -212,11 +211,8 @@ Tensor CudaBackend::moe(const Tensor& x, const Weight& gate, const Weight& bias,
     route = {alloc(TType::kF32, {s, top_k}), alloc(TType::kI32, {s, top_k})};
     const Tensor logits = router_logits(x, gate);
     in = grouped_inputs(s, x.row_size(), n_exp, top_k);
-    const RecordedCodes* recorded = recorded_codes(x);  // x already quantized: route_fused only routes
     cuda::moe::route_fused(logits.f32(), cuda::wdata(bias), bias.dtype, s, n_exp, top_k, route_scale, gate_temp,
-                           route.weights.f32(), route.experts.i32(), in.lists, recorded ? nullptr : x.f32(),
-                           x.row_size(), in.xc, in.xs);
-    if (recorded) in.xc = recorded->codes, in.xs = recorded->scales;
+                           route.weights.f32(), route.experts.i32(), in.lists, x.f32(), x.row_size(), in.xc, in.xs);
   };
   if (shared_main_ && fused_route && s <= 2) {
     // The router's two launches first on the side stream, then the caller's side work; the shared expert on the
@@ -258,8 +254,7 @@ Tensor CudaBackend::moe_experts_grouped(const Tensor& x, const MoeRoute& route,
   float* xs = in.xs;
   if (!ready) {
     moe::route_lists(route.experts.i32(), s, static_cast<int>(k), n_exp, lists);
-    if (const RecordedCodes* recorded = recorded_codes(x)) xc = recorded->codes, xs = recorded->scales;
-    else dense::quantize_activation(x.f32(), s, d, xc, xs);
+    dense::quantize_activation(x.f32(), s, d, xc, xs);
   }
   const int slots = static_cast<int>(std::min(n_exp, n));
   // Token tile from an expert's expected entries (uniform routing: n / E; x3 + 4 covers the usual

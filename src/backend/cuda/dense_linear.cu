@@ -480,7 +480,7 @@ int nt_for(int64_t tokens) {
 }
 
 bool quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool invariant, bool fast_fp4,
-                      const RopeArgs& rope, const NormArgs& norm, int gemv_k_parts) {
+                      const RopeArgs& rope, const NormArgs& norm) {
   DI_CHECK(w.mode == WeightMode::kFp8Block || w.mode == WeightMode::kFp4Expert);
   const int64_t K = w.cols, N = w.rows;
   DI_CHECK_MSG(K % 32 == 0, "FP8 linear needs K divisible by 32");
@@ -494,7 +494,7 @@ bool quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool
   }
   if (!invariant && fp8_gemv_fits(S, w)) {
     const mma::ActSource src = quantize_prologue(x, S, K, norm);
-    fp8_gemv(src.xc, src.xs, S, w, y, rope, gemv_k_parts);
+    fp8_gemv(src.xc, src.xs, S, w, y, rope);
     return true;
   }
   if (w.mode == WeightMode::kFp8Block)

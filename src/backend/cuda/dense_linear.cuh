@@ -41,20 +41,16 @@ struct NormArgs {
   bool in_gemv = false;     // on the GEMV path, normalize in its CTAs (fp8_gemv_normed) rather than in a launch before
 };
 // rope: rotates the output in the epilogue; returns false when it did not (K split across CTAs: the
-// caller rotates the output itself). Always true without rope. gemv_k_parts: fp8_gemv's most K parts.
+// caller rotates the output itself). Always true without rope.
 bool quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, bool invariant = false,
-                      bool fast_fp4 = false, const RopeArgs& rope = {}, const NormArgs& norm = {},
-                      int gemv_k_parts = 1);
+                      bool fast_fp4 = false, const RopeArgs& rope = {}, const NormArgs& norm = {});
 
 // One or two rows on the CUDA cores (fp8_gemv.cu; quantized_linear takes it at those batches outside the
 // batch-invariant mode): kFp8Block weights with K % 256 == 0, the activation quantized (codes [rows, K],
 // scales [rows, K / 32], as quantize_activation writes them) and staged whole (rows x K x 4 bytes <= 64 KiB).
 // Applies `rope` to the output. fp8_gemv_fits is false with DEEPINFER_FP8_GEMV=0 (A/B measurements).
-// most_k_parts (1, 2 or 4; the backend's DEEPINFER_GEMV_KSPLIT): rows of long K may be split over that many
-// warps when the grid stays within one wave (fp8_gemv.cu); the sums then differ in order, not in bound.
 bool fp8_gemv_fits(int64_t rows, const Weight& w);
-void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope,
-              int most_k_parts = 1);
+void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope);
 // The same on x's rows RMS-normalized by `norm` (norm.w set) in every CTA, instead of a norm-and-quantize launch
 // before it (the same bits); quantized_linear takes it where norm.in_gemv is set. K <= 2048.
 bool fp8_gemv_norm_fits(int64_t rows, const Weight& w);

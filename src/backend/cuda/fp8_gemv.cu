@@ -7,9 +7,9 @@
 // fit an SM (80 registers): the bytes in flight come from many warps, not from a register pipeline.
 // The first group of a CTA's weight loads is issued before the PDL wait.
 //
-// Layout: a half-warp owns a weight row (RPH rows in turn; or, with KS K parts, a KS-th of its chunks);
-// lane l of the half reads the 16-byte chunks l, l + 16, ... of the row (K % 256 == 0), so each load
-// instruction of a warp covers 256 contiguous bytes of two rows. The activation comes quantized (quantize_activation, one launch: each
+// Layout: a half-warp owns a weight row (RPH rows in turn); lane l of the half reads the 16-byte
+// chunks l, l + 16, ... of the row (K % 256 == 0), so each load instruction of a warp covers 256
+// contiguous bytes of two rows. The activation comes quantized (quantize_activation, one launch: each
 // CTA quantizing the whole row itself took 2-3x the GEMM's time, bench/RESULTS.md) and is staged in
 // shared memory dequantized (code x its E8M0 scale, exact), fp32 [M][K]. A chunk's partial is the sum
 // of its 16 exact products in fp32, times the weight block's E8M0 scale, added to the row's sum; the
@@ -18,7 +18,6 @@
 // Rows 2i and 2i + 1 sit in the two halves of one warp, so RoPE's partner is a shuffle away.
 #include <algorithm>
 #include <atomic>
-#include <initializer_list>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
@@ -53,42 +52,25 @@ struct GemvArgs {
   int N, K;
   RopeArgs rope;
   float* y;  // [M, N], bf16-valued
-  const float* x = nullptr;  // fp8_gemv_kernel<M, RPH, 1, true>: [M, K] rows normalized by `norm` in every CTA
+  const float* x = nullptr;  // fp8_gemv_kernel<M, RPH, true>: [M, K] rows normalized by `norm` in every CTA
   NormArgs norm;
 };
 
-// One group of a half-warp lane's chunks: flat index f = rr * nj + j (row rr of the lane's task, chunk j0 + j of
-// the row) for f in [f0, f0 + kGroup) below RPH * nj.
+// One group of a half-warp lane's chunks: flat index f = rr * cpl + j (row rr of the lane's task,
+// chunk j of the row) for f in [f0, f0 + kGroup) below RPH * cpl.
 struct Group {
   uint4 w[kGroup];
   uint8_t s[kGroup];
 };
 
-// A half-warp's share of every task of fp8_gemv_kernel<M, RPH, KS>: warp w works on the rows of pair w / KS
-// (2 RPH rows: half h takes rows 2 rr + h) over K part w % KS, the row chunks [j0, j0 + nj). With KS = 1 a warp
-// takes whole rows; KS > 1 (RPH 1) splits each row's chunks over KS warps, so that a grid with fewer tasks than
-// resident slots has its weight bytes in flight in fewer, wider rounds (the CTA adds the parts in K order).
-template <int RPH, int KS>
-struct HalfShare {
-  static constexpr int kRowsPerTask = kHalves * RPH / KS;
-  int row_in_task, kpart, j0, nj;
-  __device__ __forceinline__ explicit HalfShare(int cpl) {
-    const int warp = threadIdx.x >> 5, half = (threadIdx.x >> 4) & 1;
-    kpart = warp % KS;
-    row_in_task = (warp / KS) * 2 * RPH + half;
-    j0 = kpart * cpl / KS;
-    nj = (kpart + 1) * cpl / KS - j0;
-  }
-};
-
 template <int RPH>
-__device__ __forceinline__ void load_group(const GemvArgs& a, int row_base, int j0, int nj, int f0, Group& g) {
+__device__ __forceinline__ void load_group(const GemvArgs& a, int row_base, int cpl, int f0, Group& g) {
   const int hl = threadIdx.x & 15;
 #pragma unroll
   for (int i = 0; i < kGroup; ++i) {
-    const int f = f0 + i, rr = RPH == 1 ? 0 : (f >= nj), j = j0 + f - rr * nj, row = row_base + 2 * rr;
+    const int f = f0 + i, rr = RPH == 1 ? 0 : (f >= cpl), j = f - rr * cpl, row = row_base + 2 * rr;
     const int c = hl + 16 * j;  // chunk of the row: bytes [16 c, 16 c + 16), K block c / 2
-    const bool in = f < RPH * nj && row < a.N;
+    const bool in = f < RPH * cpl && row < a.N;
     g.w[i] = in ? __ldg(reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(row) * a.K + 16 * c))
                 : make_uint4(0u, 0u, 0u, 0u);
     g.s[i] = in ? __ldg(a.wscale + static_cast<int64_t>(row / 32) * a.scale_cols + c / 2) : uint8_t{0};
@@ -97,12 +79,12 @@ __device__ __forceinline__ void load_group(const GemvArgs& a, int row_base, int 
 
 // The first group of the CTA's first task, loaded before the PDL wait (weights are never written:
 // pdl_launch.cuh), so it is in flight while the kernel before finishes and the activation is staged.
-template <int RPH, int KS>
-__device__ __forceinline__ Group first_group_then_wait(const GemvArgs& a, const HalfShare<RPH, KS>& share,
-                                                       int tasks) {
+template <int RPH>
+__device__ __forceinline__ Group first_group_then_wait(const GemvArgs& a, int tasks) {
+  const int warp = threadIdx.x >> 5, half = (threadIdx.x >> 4) & 1;
   Group g;
   if (static_cast<int>(blockIdx.x) < tasks)
-    load_group<RPH>(a, blockIdx.x * share.kRowsPerTask + share.row_in_task, share.j0, share.nj, 0, g);
+    load_group<RPH>(a, blockIdx.x * kHalves * RPH + warp * 2 * RPH + half, a.K / 256, 0, g);
   ::di::cuda::grid_dependency_wait();
   return g;
 }
@@ -173,29 +155,25 @@ __device__ __forceinline__ float chunk_dot(const uint4& w, const float* __restri
   return p;
 }
 
-// Grid: up to one wave of CTAs, each taking tasks blockIdx.x, + gridDim.x, ...; a task is kHalves * RPH / KS
-// consecutive rows (HalfShare).
-template <int M, int RPH, int KS, bool kNormIn>
+// Grid: up to one wave of CTAs, each taking tasks blockIdx.x, + gridDim.x, ...; a task is kHalves * RPH
+// consecutive rows (half h of warp w: rows w * 2 RPH + 2 rr + h).
+template <int M, int RPH, bool kNormIn>
 __global__ void __launch_bounds__(kThreads, kMinCtas) fp8_gemv_kernel(GemvArgs a, int tasks) {
-  static_assert(KS == 1 || (RPH == 1 && !kNormIn && (kThreads / 32) % KS == 0), "K parts: whole rows per half");
-  const int cpl = a.K / 256;  // chunks per lane per row
-  const HalfShare<RPH, KS> share(cpl);
-  Group g = first_group_then_wait(a, share, tasks);
+  Group g = first_group_then_wait<RPH>(a, tasks);
   extern __shared__ float xv[];  // [M][K]
-  __shared__ float part_sums[KS > 1 ? M : 1][kThreads / 16];  // [m][half-warp]: a K part's row sums
   if constexpr (kNormIn) stage_normed_activation<M>(a, xv);
   else stage_activation<M>(a, xv);
   __syncthreads();
-  const int lane = threadIdx.x & 31, hl = lane & 15, half_warp = threadIdx.x >> 4;
-  const int flat = RPH * share.nj;  // chunks per lane per task
+  const int lane = threadIdx.x & 31, hl = lane & 15, warp = threadIdx.x >> 5, half = lane >> 4;
+  const int cpl = a.K / 256, flat = RPH * cpl;  // chunks per lane per row; per task
   for (int t = blockIdx.x; t < tasks; t += gridDim.x) {
-    const int row_base = t * share.kRowsPerTask + share.row_in_task;
+    const int row_base = t * kHalves * RPH + warp * 2 * RPH + half;
     float acc[M][RPH] = {};
     for (int f0 = 0; f0 < flat; f0 += kGroup) {
-      if (f0 > 0 || t != static_cast<int>(blockIdx.x)) load_group<RPH>(a, row_base, share.j0, share.nj, f0, g);
+      if (f0 > 0 || t != static_cast<int>(blockIdx.x)) load_group<RPH>(a, row_base, cpl, f0, g);
 #pragma unroll
       for (int i = 0; i < kGroup; ++i) {
-        const int f = f0 + i, rr = RPH == 1 ? 0 : (f >= share.nj), j = share.j0 + f - rr * share.nj;
+        const int f = f0 + i, rr = RPH == 1 ? 0 : (f >= cpl), j = f - rr * cpl;
         if (f >= flat) break;
         const float ws = e8m0_to_float(g.s[i]);
         const int c = hl + 16 * j;
@@ -208,35 +186,15 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) fp8_gemv_kernel(GemvArgs a
         }
       }
     }
-    float sums[M][RPH];
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int r = 0; r < RPH; ++r) {
-        float s = acc[m][r];
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(kFullMask, s, o);  // within the half
-        sums[m][r] = s;
-      }
-    if constexpr (KS > 1) {  // the row's K parts, added in K order by the warp of part 0 (RPH 1)
-      if (hl == 0)
-#pragma unroll
-        for (int m = 0; m < M; ++m) part_sums[m][half_warp] = sums[m][0];
-      __syncthreads();
-      if (share.kpart == 0)
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-#pragma unroll
-          for (int kp = 1; kp < KS; ++kp) sums[m][0] += part_sums[m][half_warp + 2 * kp];
-      __syncthreads();  // part_sums is free for the next task
-      if (share.kpart != 0) continue;  // warp-uniform
-    }
 #pragma unroll
     for (int r = 0; r < RPH; ++r) {
       const int row = row_base + 2 * r;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        float v = dq::round_bf16(sums[m][r]);
+        float s = acc[m][r];
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(kFullMask, s, o);  // within the half
+        float v = dq::round_bf16(s);
         if (a.rope.rope.freqs) {
           const float other = __shfl_xor_sync(kFullMask, v, 16);  // row ^ 1, the other half
           if (row < a.N) v = rope_value(v, other, row, a.rope.pos[m], a.rope.rope);
@@ -247,11 +205,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) fp8_gemv_kernel(GemvArgs a
   }
 }
 
-// CTAs of fp8_gemv_kernel<M, RPH, KS> resident per SM with `smem` bytes of activation, per K / 256 (the
+// CTAs of fp8_gemv_kernel<M, RPH> resident per SM with `smem` bytes of activation, per K / 256 (the
 // occupancy query is a host call: asked once per shape).
-template <int M, int RPH, int KS, bool kNormIn>
+template <int M, int RPH, bool kNormIn>
 int resident_ctas(int smem) {
-  const auto kernel = fp8_gemv_kernel<M, RPH, KS, kNormIn>;
+  const auto kernel = fp8_gemv_kernel<M, RPH, kNormIn>;
   static const bool attr_set = [&] {
     DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     return true;
@@ -268,43 +226,19 @@ int resident_ctas(int smem) {
   return n;
 }
 
-template <int M, int RPH, int KS, bool kNormIn>
+template <int M, int RPH, bool kNormIn>
 void launch_gemv(const GemvArgs& a) {
   const int smem = M * a.K * 4;
-  constexpr int kRowsPerTask = kHalves * RPH / KS;
-  const int tasks = (a.N + kRowsPerTask - 1) / kRowsPerTask;
-  // DEEPINFER_GEMV_SPARE_CTAS=n (A/B): a wave n CTAs short, so that under PDL, where this grid becomes resident
-  // while its predecessor runs, the side stream's small kernels find free slots on n SMs.
-  static const int spare = env_count("DEEPINFER_GEMV_SPARE_CTAS", 0);
-  const int wave = resident_ctas<M, RPH, KS, kNormIn>(smem) * sm_count();
-  const int grid = std::min(tasks, std::max(wave - spare, sm_count()));
-  ::di::cuda::launch(fp8_gemv_kernel<M, RPH, KS, kNormIn>, grid, kThreads, static_cast<size_t>(smem), a, tasks);
-}
-
-// K parts per row (fp8_gemv_kernel's KS) for an N x K weight: up to `most` (the backend's DEEPINFER_GEMV_KSPLIT,
-// 2 or 4 for A/B runs; 1, off, by default) splits rows whose chunks take more than one load group into the most parts, at most n, whose CTAs
-// still fit one wave at kMinCtas per SM (wq_a, wkv: 160 and 64 CTAs of 20 chunks per lane, three dependent
-// rounds of loads, become 640 and 256 CTAs of 5, all loaded before the PDL wait). From the shape and the GPU
-// alone, so one and two rows take the same parts (and the same sums).
-int k_parts(int N, int K, int most) {
-  const int cpl = K / 256, wave = kMinCtas * sm_count();
-  for (const int ks : {4, 2})
-    if (ks <= most && cpl > kGroup && cpl >= 2 * ks && (N + kHalves / ks - 1) / (kHalves / ks) <= wave) return ks;
-  return 1;
+  const int tasks = (a.N + kHalves * RPH - 1) / (kHalves * RPH);
+  const int grid = std::min(tasks, resident_ctas<M, RPH, kNormIn>(smem) * sm_count());
+  ::di::cuda::launch(fp8_gemv_kernel<M, RPH, kNormIn>, grid, kThreads, static_cast<size_t>(smem), a, tasks);
 }
 
 // Rows per half-warp: two where a row has fewer chunks per lane than a group, so more loads are in flight.
 template <int M, bool kNormIn>
-void launch_gemv_rows(const GemvArgs& a, int most_k_parts = 1) {
-  if (a.K / 256 < kGroup) return launch_gemv<M, 2, 1, kNormIn>(a);
-  if constexpr (!kNormIn) {
-    switch (k_parts(a.N, a.K, most_k_parts)) {
-      case 4: return launch_gemv<M, 1, 4, false>(a);
-      case 2: return launch_gemv<M, 1, 2, false>(a);
-      default: break;
-    }
-  }
-  launch_gemv<M, 1, 1, kNormIn>(a);
+void launch_gemv_rows(const GemvArgs& a) {
+  if (a.K / 256 < kGroup) launch_gemv<M, 2, kNormIn>(a);
+  else launch_gemv<M, 1, kNormIn>(a);
 }
 
 }  // namespace
@@ -315,13 +249,12 @@ bool fp8_gemv_fits(int64_t rows, const Weight& w) {
          rows * w.cols * 4 <= kMaxSmem && w.rows < (1LL << 30);
 }
 
-void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope,
-              int most_k_parts) {
+void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope) {
   DI_CHECK(fp8_gemv_fits(rows, w));
   const GemvArgs a{codes, scales, wdata(w), wscale(w), w.scale_cols, static_cast<int>(w.rows), static_cast<int>(w.cols),
                    rope, y, nullptr, {}};
-  if (rows == 1) launch_gemv_rows<1, false>(a, most_k_parts);
-  else launch_gemv_rows<2, false>(a, most_k_parts);
+  if (rows == 1) launch_gemv_rows<1, false>(a);
+  else launch_gemv_rows<2, false>(a);
 }
 
 bool fp8_gemv_norm_fits(int64_t rows, const Weight& w) { return fp8_gemv_fits(rows, w) && w.cols <= kMaxNormInK; }

@@ -26,8 +26,6 @@ enum class Ws : int {
   kMoeTables,   // device tables of expert weight pointers
   kHandoffCodes,   // a GEMM's output quantized for the next linear (output_projection)
   kHandoffScales,
-  kNormCodes,      // hc_post_pre_norm's normalized rows quantized for the linears that read them
-  kNormScales,
   kCount
 };
 

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kListThreads)
   // so that both phases run at once
   const int score_warps = (s * n_exp + 31) / 32;
   const int q_warps = score_warps < kWarps ? kWarps - score_warps : kWarps, qwarp = warp - (kWarps - q_warps);
-  const int blocks = x ? s * d / 32 : 0;  // x == nullptr: quantized already
+  const int blocks = s * d / 32;
   for (int b0 = qwarp; qwarp >= 0 && b0 < blocks; b0 += q_warps * kBatch) {
     float v[kBatch];
 #pragma unroll

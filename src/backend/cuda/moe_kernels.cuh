@@ -88,8 +88,7 @@ struct GroupedSplitMode {
 };
 // router_select, then route_lists and dense::quantize_activation of x [S, d] into xc / xs, in one
 // launch for a small batch (route_fused_fits: one CTA, S x E <= 1024 scores): the same outputs bit for
-// bit, two launches fewer on the decode chain. experts / weights [S, top_k] as router_select's. x == nullptr:
-// x was quantized already (CudaBackend::recorded_codes), only the routing runs.
+// bit, two launches fewer on the decode chain. experts / weights [S, top_k] as router_select's.
 // DEEPINFER_FUSED_ROUTING=0 turns the fused path off (route_fused_fits is then false).
 bool route_fused_fits(int64_t s, int64_t n_exp);
 void route_fused(const float* logits, const uint8_t* bias, DType bias_dtype, int64_t s, int64_t n_exp, int top_k,
@@ -120,6 +119,6 @@ void engram_lookup(const int32_t* cols, int64_t n, const uint8_t* table, const u
 // gate * value). x [S, hc*D], kv [S, (hc+1)*D]; q, k: [hc*D] of w_dtype. wide: 512 threads per (token, stream)
 // with a row's loads in flight at once (moe_engram_kernels.cu).
 void engram_inject(const float* x, const float* kv, const uint8_t* q, const uint8_t* k, DType w_dtype, int64_t s,
-                   int hc, int64_t d, float eps, float* out, bool wide = false);
+                   int hc, int64_t d, float eps, float* out, bool wide);
 
 }  // namespace di::cuda::moe

@@ -44,8 +44,7 @@ inline bool pdl_enabled() {
 //  - DEEPINFER_SMEM_CARVEOUT=P (0-100): every launch prefers P% of the SM's L1 / shared memory as shared memory
 //    (unset: the driver's choice per kernel; two kernels of different carveouts do not share an SM).
 //  - DEEPINFER_LANE_PRIORITY=1: main-stream launches at the greatest priority, side-stream ones at the least, so
-//    that waiting CTAs of the main chain get freed SMs first; =2 the other way round, so that a side kernel is not
-//    left behind a main grid that PDL made resident early.
+//    that waiting CTAs of the main chain get freed SMs first.
 //  - DEEPINFER_LAUNCH_LOG=FILE: every launch logged with its parameters (launch_log.cuh).
 // For steps issued with everything queued ahead (held steps, step graphs), where the side stream's grids may take
 // the SMs the main chain's next kernel needs.
@@ -59,10 +58,8 @@ inline const LaunchSwitches& launch_switches() {
   static const LaunchSwitches s = [] {
     LaunchSwitches w;
     if (const char* v = std::getenv("DEEPINFER_SMEM_CARVEOUT"); v && *v) w.carveout = std::clamp(std::atoi(v), 0, 100);
-    const int lanes = env_count("DEEPINFER_LANE_PRIORITY", 0);
-    w.priorities = lanes == 1 || lanes == 2;
+    w.priorities = env_opt_in("DEEPINFER_LANE_PRIORITY");
     if (w.priorities) DI_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&w.side_priority, &w.main_priority));
-    if (lanes == 2) std::swap(w.side_priority, w.main_priority);
     w.log = launch_log_on();
     return w;
   }();
