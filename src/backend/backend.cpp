@@ -15,14 +15,6 @@ Tensor copy_tensor(Backend& b, const Tensor& t) {
   return out;
 }
 
-Tensor Backend::moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
-                    float gate_temp, const std::vector<ExpertWeights>& experts, const ExpertWeights& shared,
-                    float swiglu_limit, const std::function<void()>& beside) {
-  if (beside) run_beside(*this, beside);
-  const MoeRoute route = moe_route(x, gate, bias, top_k, route_scale, gate_temp);
-  return moe_experts(x, route, experts, shared, swiglu_limit);
-}
-
 int64_t index_width(const std::vector<int64_t>& visible) {
   int64_t w = 0;
   for (int64_t v : visible) w = std::max(w, v);

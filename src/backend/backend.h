@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -265,12 +264,13 @@ class Backend {
   virtual Tensor moe_experts(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                              const ExpertWeights& shared, float swiglu_limit) = 0;
   // The MoE layer: moe_route, then moe_experts. A backend may start the shared expert before the
-  // routing (the CUDA backend runs it beside the router and the routed experts). `beside`: the caller's
-  // side work (Backend::side_begin), which reads nothing of the MoE; issued first here, a backend may
-  // issue it after side work of its own.
+  // routing (the CUDA backend runs it beside the router and the routed experts).
   virtual Tensor moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
                      float gate_temp, const std::vector<ExpertWeights>& experts, const ExpertWeights& shared,
-                     float swiglu_limit, const std::function<void()>& beside = {});
+                     float swiglu_limit) {
+    const MoeRoute route = moe_route(x, gate, bias, top_k, route_scale, gate_temp);
+    return moe_experts(x, route, experts, shared, swiglu_limit);
+  }
 
   // --- Engram -----------------------------------------------------------------------------------
   // Gathers and dequantizes table rows: cols [S, n] (global row ids) -> [S, n*row_dim] bf16.

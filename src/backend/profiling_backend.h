@@ -145,8 +145,7 @@ class ProfilingBackend final : public Backend {
                      const ExpertWeights& shared, float swiglu_limit) override;
   // Plain steps (kOff) take the inner backend's MoE as it runs; counted or timed ones its two ops.
   Tensor moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale, float gate_temp,
-             const std::vector<ExpertWeights>& experts, const ExpertWeights& shared, float swiglu_limit,
-             const std::function<void()>& beside) override;
+             const std::vector<ExpertWeights>& experts, const ExpertWeights& shared, float swiglu_limit) override;
 
   Tensor engram_lookup(const Tensor& cols, const Weight& table) override;
   Tensor engram_inject(const Tensor& x, const Tensor& kv, const Weight& q_weight, const Weight& k_weight, int hc,

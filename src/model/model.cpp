@@ -83,13 +83,12 @@ Tensor Model::repeat_streams(const Tensor& x) {
   return h;
 }
 
-Tensor Model::moe(int layer, const Tensor& x, const std::function<void()>& beside) {
+Tensor Model::moe(int layer, const Tensor& x) {
   const LayerSchedule& ls = cfg_.layers[layer];
   const LayerWeights& lw = w_.layers[layer];
   int top_k = ls.is_dspark ? cfg_.dspark_n_activated_experts : cfg_.n_activated_experts;
   return backend_.moe(x, lw.gate, lw.gate_bias, top_k, static_cast<float>(cfg_.route_scale),
-                      static_cast<float>(cfg_.gate_temp), lw.experts, lw.shared, static_cast<float>(cfg_.swiglu_limit),
-                      beside);
+                      static_cast<float>(cfg_.gate_temp), lw.experts, lw.shared, static_cast<float>(cfg_.swiglu_limit));
 }
 
 Tensor Model::engram(int layer, const Tensor& h, const Tensor& cols) {
@@ -129,11 +128,11 @@ Tensor Model::block(int layer, const Tensor& h_in, Tensor& pre_mix, Batch& batch
   // FFN site: the new streams and the MoE input (hc_post, hc_pre, rmsnorm); the site's mixes (the
   // next site's pre) beside the MoE
   auto [h1, x_ffn] = backend_.hc_post_pre_norm(y, h, a_mix, a_mix, hc, lw.ffn_norm, eps);
-  Tensor f_mix;
-  y = moe(layer, x_ffn, [&] {
-    f_mix = backend_.hc_mixes(h1, hc, lw.hc_ffn_fn, lw.hc_ffn_scale, lw.hc_ffn_base, eps, cfg_.hc_sinkhorn_iters,
-                              hc_eps);
+  Tensor f_mix = run_beside(backend_, [&] {
+    return backend_.hc_mixes(h1, hc, lw.hc_ffn_fn, lw.hc_ffn_scale, lw.hc_ffn_base, eps, cfg_.hc_sinkhorn_iters,
+                             hc_eps);
   });
+  y = moe(layer, x_ffn);
   if (hooks && hooks->after_ffn) hooks->after_ffn(layer, y);
   backend_.side_join();
   pre_mix = f_mix;

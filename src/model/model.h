@@ -179,8 +179,7 @@ class Model {
   Tensor attention_output(int layer, Tensor o, const std::vector<int64_t>& positions);
   // Engram: appends ids to the history (cut to `start` first) and hashes them: [n][slot][col] rows.
   std::vector<int32_t> engram_hashes(SequenceState& state, int64_t start, const std::vector<int32_t>& ids);
-  // `beside`: the caller's side work, issued by Backend::moe.
-  Tensor moe(int layer, const Tensor& x, const std::function<void()>& beside = {});
+  Tensor moe(int layer, const Tensor& x);
   Tensor engram(int layer, const Tensor& h, const Tensor& cols);
   Tensor one_hot_pre(int64_t n);
   Tensor repeat_streams(const Tensor& x);

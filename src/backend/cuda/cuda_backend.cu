@@ -78,8 +78,6 @@ CudaBackend::CudaBackend() {
   if (env_switch_on("DEEPINFER_LIST_CACHE")) list_uploads_ = std::make_unique<cuda::UploadCache>();
   fused_chains_ = env_switch_on("DEEPINFER_FUSED_CHAINS");
   output_codes_ = env_switch_on("DEEPINFER_OUTPUT_CODES");
-  shared_main_ = env_opt_in("DEEPINFER_SHARED_MAIN");
-  gemv_norm_in_ = env_opt_in("DEEPINFER_GEMV_NORM_IN");
   wide_inject_ = env_switch_on("DEEPINFER_WIDE_INJECT");
 }
 

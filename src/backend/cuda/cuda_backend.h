@@ -11,7 +11,6 @@
 namespace di {
 namespace cuda {
 class UploadCache;
-struct GroupedInputs;  // the routed experts' lists and quantized input (cuda_moe_engram.cu)
 namespace dense {
 struct RopeArgs;  // dense_linear.cuh
 }
@@ -105,11 +104,8 @@ class CudaBackend final : public Backend {
                      float gate_temp) override;
   Tensor moe_experts(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                      const ExpertWeights& shared, float swiglu_limit) override;
-  // At one or two rows with shared_main_ (DEEPINFER_SHARED_MAIN=1, opt-in until measured): the router's two
-  // launches beside, ahead of `beside`, and the shared expert on the main stream before the routed experts.
   Tensor moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale, float gate_temp,
-             const std::vector<ExpertWeights>& experts, const ExpertWeights& shared, float swiglu_limit,
-             const std::function<void()>& beside) override;
+             const std::vector<ExpertWeights>& experts, const ExpertWeights& shared, float swiglu_limit) override;
 
   Tensor engram_lookup(const Tensor& cols, const Weight& table) override;
   Tensor engram_inject(const Tensor& x, const Tensor& kv, const Weight& q_weight, const Weight& k_weight, int hc,
@@ -120,10 +116,9 @@ class CudaBackend final : public Backend {
 
  private:
   // The grouped routed experts plus `shared_y`, the shared expert's output (side work until joined).
-  // ready: the routing lists and quantized x moe::route_fused wrote (else they are built here, in the
-  // current stream's workspace).
+  // inputs_ready: the routing lists and quantized x are already in the workspace (moe::route_fused).
   Tensor moe_experts_grouped(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
-                             const Tensor& shared_y, float swiglu_limit, const cuda::GroupedInputs* ready = nullptr);
+                             const Tensor& shared_y, float swiglu_limit, bool inputs_ready = false);
   // A GEMM epilogue's / staging's RoPE: the positions and the table's frequencies uploaded (cached by content).
   cuda::dense::RopeArgs rope_args(const std::vector<int64_t>& positions, const RopeTable& table, int head_dim,
                                   int rope_dim);
@@ -167,11 +162,6 @@ class CudaBackend final : public Backend {
   bool fused_chains_ = true;
   // output_projection's quantized hand-off (DEEPINFER_OUTPUT_CODES=0: the two ops, for measuring it).
   bool output_codes_ = true;
-  // moe's shared expert on the main stream at one or two rows (see moe).
-  bool shared_main_ = false;
-  // linear_rope's norm in the GEMV's CTAs at one or two rows (dense::fp8_gemv_normed): opt-in
-  // (DEEPINFER_GEMV_NORM_IN=1) until measured on a GPU.
-  bool gemv_norm_in_ = false;
   // engram_inject with a row's loads in flight at once (DEEPINFER_WIDE_INJECT=0: the 256-thread kernel, one L2 round
   // trip per 256 elements; its sums in another order, both within the CPU bound).
   bool wide_inject_ = true;

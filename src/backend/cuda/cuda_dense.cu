@@ -382,8 +382,7 @@ Tensor CudaBackend::linear_rope(const Tensor& x, const Weight& w, int heads, int
   cuda::dense::NormArgs na;
   if (norm.weight) {
     check_norm_weight(*norm.weight, w.cols, "linear_rope");
-    na = {cuda::wdata(*norm.weight), cuda::attn::weight_type(*norm.weight, "linear_rope", "norm"), norm.eps, nullptr,
-          gemv_norm_in_};
+    na = {cuda::wdata(*norm.weight), cuda::attn::weight_type(*norm.weight, "linear_rope", "norm"), norm.eps, nullptr};
     if (norm.normed) {
       *norm.normed = alloc(TType::kF32, {s, w.cols});
       na.normed = norm.normed->f32();

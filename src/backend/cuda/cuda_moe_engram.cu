@@ -128,19 +128,13 @@ bool uniform_fp4_experts(const std::vector<ExpertWeights>& experts, int64_t d) {
   return true;
 }
 
-}  // namespace
-
 // The grouped path's per-call inputs in the persistent workspace: the routing lists of S*k entries
 // over E experts, and x [S, d] quantized to FP8 (codes, scales).
-struct cuda::GroupedInputs {
+struct GroupedInputs {
   cuda::moe::RouteLists lists;
   uint8_t* xc;
   float* xs;
 };
-
-namespace {
-
-using cuda::GroupedInputs;
 
 GroupedInputs grouped_inputs(int64_t s, int64_t d, int64_t n_exp, int64_t k) {
   using namespace cuda;
@@ -197,48 +191,29 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const MoeRoute& route, const st
 
 Tensor CudaBackend::moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
                         float gate_temp, const std::vector<ExpertWeights>& experts, const ExpertWeights& shared,
-                        float swiglu_limit, const std::function<void()>& beside) {
+                        float swiglu_limit) {
   if (x.rows() == 0 || !uniform_fp4_experts(experts, x.row_size()))
-    return Backend::moe(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit, beside);
-  const int64_t s = x.rows(), n_exp = gate.rows;
-  const bool fused_route = cuda::moe::route_fused_fits(s, n_exp) && static_cast<int64_t>(experts.size()) == n_exp;
-  DI_CHECK(!fused_route || bias.rows * bias.cols == n_exp);
-  // small batch: selection, routing lists and the quantized input in one launch (into the current stream's
-  // workspace, which `in` then names)
-  MoeRoute route;
-  GroupedInputs in{};
-  auto route_small = [&] {
-    route = {alloc(TType::kF32, {s, top_k}), alloc(TType::kI32, {s, top_k})};
-    const Tensor logits = router_logits(x, gate);
-    in = grouped_inputs(s, x.row_size(), n_exp, top_k);
-    cuda::moe::route_fused(logits.f32(), cuda::wdata(bias), bias.dtype, s, n_exp, top_k, route_scale, gate_temp,
-                           route.weights.f32(), route.experts.i32(), in.lists, x.f32(), x.row_size(), in.xc, in.xs);
-  };
-  if (shared_main_ && fused_route && s <= 2) {
-    // The router's two launches first on the side stream, then the caller's side work; the shared expert on the
-    // main stream meanwhile, so that it streams its weights while the routing runs instead of after the routed
-    // experts' grid leaves it SMs (bench/RESULTS.md, thirty-ninth session). The same ops: the same bits.
-    run_beside(*this, route_small);
-    const int routed = side_mark();
-    if (beside) run_beside(*this, beside);
-    const Tensor ys = run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit);
-    side_wait(routed);
-    return moe_experts_grouped(x, route, experts, ys, swiglu_limit, &in);
-  }
-  if (beside) run_beside(*this, beside);
+    return Backend::moe(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit);
   // the shared expert needs x alone: side work beside the router and the routed experts
   const Tensor ys = run_beside(*this, [&] { return run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit); });
-  if (!fused_route) {
-    route = moe_route(x, gate, bias, top_k, route_scale, gate_temp);
+  const int64_t s = x.rows(), n_exp = gate.rows;
+  if (!cuda::moe::route_fused_fits(s, n_exp) || static_cast<int64_t>(experts.size()) != n_exp) {
+    const MoeRoute route = moe_route(x, gate, bias, top_k, route_scale, gate_temp);
     return moe_experts_grouped(x, route, experts, ys, swiglu_limit);
   }
-  route_small();
-  return moe_experts_grouped(x, route, experts, ys, swiglu_limit, &in);
+  // small batch: selection, routing lists and the quantized input in one launch
+  DI_CHECK(bias.rows * bias.cols == n_exp);
+  MoeRoute route{alloc(TType::kF32, {s, top_k}), alloc(TType::kI32, {s, top_k})};
+  const Tensor logits = router_logits(x, gate);
+  const GroupedInputs in = grouped_inputs(s, x.row_size(), n_exp, top_k);
+  cuda::moe::route_fused(logits.f32(), cuda::wdata(bias), bias.dtype, s, n_exp, top_k, route_scale, gate_temp,
+                         route.weights.f32(), route.experts.i32(), in.lists, x.f32(), x.row_size(), in.xc, in.xs);
+  return moe_experts_grouped(x, route, experts, ys, swiglu_limit, true);
 }
 
 Tensor CudaBackend::moe_experts_grouped(const Tensor& x, const MoeRoute& route,
                                         const std::vector<ExpertWeights>& experts, const Tensor& ys,
-                                        float swiglu_limit, const GroupedInputs* ready) {
+                                        float swiglu_limit, bool inputs_ready) {
   const int64_t s = x.rows(), d = x.row_size(), k = route.experts.row_size();
   const int64_t n_exp = static_cast<int64_t>(experts.size());
   DI_CHECK(route.experts.rows() == s && route.weights.rows() == s && route.weights.row_size() == k);
@@ -248,11 +223,11 @@ Tensor CudaBackend::moe_experts_grouped(const Tensor& x, const MoeRoute& route,
   const int64_t n = s * k, inter = experts[0].w1.rows;
   DI_CHECK_MSG(n * std::max(d, inter) < (1LL << 31), "moe_experts: too many rows");
   const uint8_t* const* tables = expert_tables(experts);
-  const GroupedInputs in = ready ? *ready : grouped_inputs(s, d, n_exp, k);
+  const GroupedInputs in = grouped_inputs(s, d, n_exp, k);
   const moe::RouteLists& lists = in.lists;
   uint8_t* xc = in.xc;
   float* xs = in.xs;
-  if (!ready) {
+  if (!inputs_ready) {
     moe::route_lists(route.experts.i32(), s, static_cast<int>(k), n_exp, lists);
     dense::quantize_activation(x.f32(), s, d, xc, xs);
   }

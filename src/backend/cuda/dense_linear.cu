@@ -488,10 +488,6 @@ bool quantized_linear(const float* x, int64_t S, const Weight& w, float* y, bool
   DI_CHECK(!rope.rope.freqs || (N % 2 == 0 && rope.rope.head_dim % 2 == 0 && rope.rope.rope_dim % 2 == 0 &&
                                 rope.rope.rope_dim <= rope.rope.head_dim && N % rope.rope.head_dim == 0));
   if (S == 0 || N == 0) return true;
-  if (!invariant && norm.w && norm.in_gemv && fp8_gemv_norm_fits(S, w)) {
-    fp8_gemv_normed(x, norm, S, w, y, rope);
-    return true;
-  }
   if (!invariant && fp8_gemv_fits(S, w)) {
     const mma::ActSource src = quantize_prologue(x, S, K, norm);
     fp8_gemv(src.xc, src.xs, S, w, y, rope);

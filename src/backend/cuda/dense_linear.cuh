@@ -38,7 +38,6 @@ struct NormArgs {
   attn::WType type = attn::WType::kBf16;
   float eps = 0.0f;
   float* normed = nullptr;  // [rows, K] or nullptr
-  bool in_gemv = false;     // on the GEMV path, normalize in its CTAs (fp8_gemv_normed) rather than in a launch before
 };
 // rope: rotates the output in the epilogue; returns false when it did not (K split across CTAs: the
 // caller rotates the output itself). Always true without rope.
@@ -51,11 +50,6 @@ bool quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, b
 // Applies `rope` to the output. fp8_gemv_fits is false with DEEPINFER_FP8_GEMV=0 (A/B measurements).
 bool fp8_gemv_fits(int64_t rows, const Weight& w);
 void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope);
-// The same on x's rows RMS-normalized by `norm` (norm.w set) in every CTA, instead of a norm-and-quantize launch
-// before it (the same bits); quantized_linear takes it where norm.in_gemv is set. K <= 2048.
-bool fp8_gemv_norm_fits(int64_t rows, const Weight& w);
-void fp8_gemv_normed(const float* x, const NormArgs& norm, int64_t rows, const Weight& w, float* y,
-                     const RopeArgs& rope);
 
 // The activation quantizer of quantized_linear: codes [rows, K] E4M3, scales [rows, K/32] as floats.
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);

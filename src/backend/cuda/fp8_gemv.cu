@@ -39,9 +39,6 @@ constexpr int kMaxSmem = 64 << 10;     // M x K x 4 bytes of staged activation
 // CTAs per SM the registers allow (<= 80 each): 8 (64 registers) spilled and was slower (wo_b at one
 // row 21.9 -> 24.7 us, op_bench on an H100)
 constexpr int kMinCtas = 6;
-// The widest K whose rows each CTA normalizes itself (fp8_gemv_normed; q_norm before wq_b: 1280): past a few
-// thousand values the norm's reads and reductions in every CTA cost more than the launch they save.
-constexpr int64_t kMaxNormInK = 2048;
 
 struct GemvArgs {
   const uint8_t* xc;      // [M, K] E4M3 activation codes
@@ -52,8 +49,6 @@ struct GemvArgs {
   int N, K;
   RopeArgs rope;
   float* y;  // [M, N], bf16-valued
-  const float* x = nullptr;  // fp8_gemv_kernel<M, RPH, true>: [M, K] rows normalized by `norm` in every CTA
-  NormArgs norm;
 };
 
 // One group of a half-warp lane's chunks: flat index f = rr * cpl + j (row rr of the lane's task,
@@ -113,30 +108,6 @@ __device__ __forceinline__ void stage_activation(const GemvArgs& a, float* xv) {
   }
 }
 
-// kNormIn's staging: x's rows RMS-normalized (rmsnorm_quant_kernel's bits: the 256 chains' sum, bf16(w (x inv)))
-// and quantized (act_quant_kernel's quantizer) by each CTA itself, then staged dequantized where stage_activation
-// puts the same codes: the values quantize_prologue + stage_activation give, without the norm's one-CTA launch.
-// CTA 0 writes the normalized rows when norm.normed is set.
-template <int M>
-__device__ __forceinline__ void stage_normed_activation(const GemvArgs& a, float* xv) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nb = a.K / 32;
-  float inv[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-    inv[m] = rms_scale(block_sum_squares_exact128(a.x + static_cast<int64_t>(m) * a.K, a.K), a.K, a.norm.eps);
-  for (int b = warp; b < M * nb; b += kThreads / 32) {  // one warp per 32-value block
-    const int m = b / nb, i = (b - m * nb) * 32 + lane;  // element i of row m
-    const int64_t at = static_cast<int64_t>(m) * a.K + i;
-    const float w = attn::weight_elem(a.norm.w, a.norm.type, i);
-    const float v = dq::rms_normed(a.x[at], w, m == 0 ? inv[0] : inv[M - 1]);
-    if (a.norm.normed && blockIdx.x == 0) a.norm.normed[at] = v;
-    float scale, c[4];
-    dq::e4m3x4(dq::act_quant_lane(v, scale), c);
-    // chunk i / 16, quarter (i % 16) / 4, element i % 4 (stage_activation's layout)
-    xv[static_cast<int64_t>(m) * a.K + ((i % 16) / 4 * (a.K / 16) + i / 16) * 4 + i % 4] = __fmul_rn(c[0], scale);
-  }
-}
-
 // 16 E4M3 codes (a chunk, low byte first) times its 16 staged activation values (quarter q at x + q
 // quarter_stride), summed in fp32.
 __device__ __forceinline__ float chunk_dot(const uint4& w, const float* __restrict__ x, int quarter_stride) {
@@ -157,12 +128,11 @@ __device__ __forceinline__ float chunk_dot(const uint4& w, const float* __restri
 
 // Grid: up to one wave of CTAs, each taking tasks blockIdx.x, + gridDim.x, ...; a task is kHalves * RPH
 // consecutive rows (half h of warp w: rows w * 2 RPH + 2 rr + h).
-template <int M, int RPH, bool kNormIn>
+template <int M, int RPH>
 __global__ void __launch_bounds__(kThreads, kMinCtas) fp8_gemv_kernel(GemvArgs a, int tasks) {
   Group g = first_group_then_wait<RPH>(a, tasks);
   extern __shared__ float xv[];  // [M][K]
-  if constexpr (kNormIn) stage_normed_activation<M>(a, xv);
-  else stage_activation<M>(a, xv);
+  stage_activation<M>(a, xv);
   __syncthreads();
   const int lane = threadIdx.x & 31, hl = lane & 15, warp = threadIdx.x >> 5, half = lane >> 4;
   const int cpl = a.K / 256, flat = RPH * cpl;  // chunks per lane per row; per task
@@ -207,9 +177,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) fp8_gemv_kernel(GemvArgs a
 
 // CTAs of fp8_gemv_kernel<M, RPH> resident per SM with `smem` bytes of activation, per K / 256 (the
 // occupancy query is a host call: asked once per shape).
-template <int M, int RPH, bool kNormIn>
+template <int M, int RPH>
 int resident_ctas(int smem) {
-  const auto kernel = fp8_gemv_kernel<M, RPH, kNormIn>;
+  const auto kernel = fp8_gemv_kernel<M, RPH>;
   static const bool attr_set = [&] {
     DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     return true;
@@ -226,19 +196,19 @@ int resident_ctas(int smem) {
   return n;
 }
 
-template <int M, int RPH, bool kNormIn>
+template <int M, int RPH>
 void launch_gemv(const GemvArgs& a) {
   const int smem = M * a.K * 4;
   const int tasks = (a.N + kHalves * RPH - 1) / (kHalves * RPH);
-  const int grid = std::min(tasks, resident_ctas<M, RPH, kNormIn>(smem) * sm_count());
-  ::di::cuda::launch(fp8_gemv_kernel<M, RPH, kNormIn>, grid, kThreads, static_cast<size_t>(smem), a, tasks);
+  const int grid = std::min(tasks, resident_ctas<M, RPH>(smem) * sm_count());
+  ::di::cuda::launch(fp8_gemv_kernel<M, RPH>, grid, kThreads, static_cast<size_t>(smem), a, tasks);
 }
 
 // Rows per half-warp: two where a row has fewer chunks per lane than a group, so more loads are in flight.
-template <int M, bool kNormIn>
+template <int M>
 void launch_gemv_rows(const GemvArgs& a) {
-  if (a.K / 256 < kGroup) launch_gemv<M, 2, kNormIn>(a);
-  else launch_gemv<M, 1, kNormIn>(a);
+  if (a.K / 256 < kGroup) launch_gemv<M, 2>(a);
+  else launch_gemv<M, 1>(a);
 }
 
 }  // namespace
@@ -252,20 +222,9 @@ bool fp8_gemv_fits(int64_t rows, const Weight& w) {
 void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope) {
   DI_CHECK(fp8_gemv_fits(rows, w));
   const GemvArgs a{codes, scales, wdata(w), wscale(w), w.scale_cols, static_cast<int>(w.rows), static_cast<int>(w.cols),
-                   rope, y, nullptr, {}};
-  if (rows == 1) launch_gemv_rows<1, false>(a);
-  else launch_gemv_rows<2, false>(a);
-}
-
-bool fp8_gemv_norm_fits(int64_t rows, const Weight& w) { return fp8_gemv_fits(rows, w) && w.cols <= kMaxNormInK; }
-
-void fp8_gemv_normed(const float* x, const NormArgs& norm, int64_t rows, const Weight& w, float* y,
-                     const RopeArgs& rope) {
-  DI_CHECK(fp8_gemv_norm_fits(rows, w) && norm.w);
-  const GemvArgs a{nullptr, nullptr, wdata(w), wscale(w), w.scale_cols, static_cast<int>(w.rows),
-                   static_cast<int>(w.cols), rope, y, x, norm};
-  if (rows == 1) launch_gemv_rows<1, true>(a);
-  else launch_gemv_rows<2, true>(a);
+                   rope, y};
+  if (rows == 1) launch_gemv_rows<1>(a);
+  else launch_gemv_rows<2>(a);
 }
 
 }  // namespace di::cuda::dense
