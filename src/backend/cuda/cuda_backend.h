@@ -165,6 +165,9 @@ class CudaBackend final : public Backend {
   // engram_inject with a row's loads in flight at once (DEEPINFER_WIDE_INJECT=0: the 256-thread kernel, one L2 round
   // trip per 256 elements; its sums in another order, both within the CPU bound).
   bool wide_inject_ = true;
+  // route_fused's lists read the ids and positions it wrote from shared memory, not back from global memory
+  // (DEEPINFER_ROUTE_SMEM_IDS=1, opt-in until measured on a GPU; the same bits).
+  bool route_smem_ids_ = false;
 };
 
 }  // namespace di
