@@ -44,7 +44,7 @@ constexpr int kMaxScanChunks = 48 * 1024 / 8 / 32;
 // sm: 2 E ints of shared memory (counts, offsets). Work: n atomics, an E-long scan, then n / 32 warp
 // steps placing the entries. experts may be in shared memory; pos_sm (n ints of shared memory, or nullptr)
 // keeps the entries' positions for the last step, which otherwise reads back l.pos_of from global memory.
-__device__ __forceinline__ void build_route_lists(const int32_t* experts, int n, int k, int n_exp,
+__device__ __forceinline__ void build_route_lists(const int32_t* __restrict__ experts, int n, int k, int n_exp,
                                                   const RouteLists& l, int32_t* sm, int32_t* pos_sm = nullptr) {
   int32_t* cnt = sm;           // [E]
   int32_t* off = sm + n_exp;   // [E]
@@ -168,19 +168,20 @@ __global__ void __launch_bounds__(kListThreads)
 // the decode step's chain): the (row, expert) scores by the threads in turn (~1 us each: fp64 exp),
 // the activation's 32-value blocks by warps with 8 blocks' loads in flight, then warp r picks row r's
 // experts, then the lists. The same device code as the three kernels, so the same bits. sm: 2 E
-// ints, then 2 S E floats, then (ids_in_smem) the S k ids and their list positions as ints, which the lists then
+// ints, then 2 S E floats, then (kIdsInSmem) the S k ids and their list positions as ints, which the lists then
 // read from shared memory instead of reading back what the CTA just wrote to global memory.
+template <bool kIdsInSmem>
 __global__ void __launch_bounds__(kListThreads)
     route_fused_kernel(const float* __restrict__ logits, const uint8_t* __restrict__ bias, ElemType bias_type, int s,
                        int n_exp, int top_k, float route_scale, float gate_temp, float* __restrict__ weights,
                        int32_t* __restrict__ experts, RouteLists l, const float* __restrict__ x, int d,
-                       uint8_t* __restrict__ xc, float* __restrict__ xs, bool ids_in_smem) {
+                       uint8_t* __restrict__ xc, float* __restrict__ xs) {
   ::di::cuda::grid_dependency_wait();
   extern __shared__ int32_t sm[];
   float* sc = reinterpret_cast<float*>(sm + 2 * n_exp);  // [S, E]
   float* biased = sc + s * n_exp;                        // [S, E]
-  int32_t* ids_sm = ids_in_smem ? reinterpret_cast<int32_t*>(biased + s * n_exp) : nullptr;  // [S, k]
-  int32_t* pos_sm = ids_in_smem ? ids_sm + s * top_k : nullptr;                             // [S, k]
+  int32_t* ids_sm = kIdsInSmem ? reinterpret_cast<int32_t*>(biased + s * n_exp) : nullptr;  // [S, k]
+  int32_t* pos_sm = kIdsInSmem ? ids_sm + s * top_k : nullptr;                             // [S, k]
   constexpr int kBatch = 8, kWarps = kListThreads / 32;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   for (int i = t; i < s * n_exp; i += kListThreads) {
@@ -383,9 +384,9 @@ void route_fused(const float* logits, const uint8_t* bias, DType bias_dtype, int
   const ElemType bt = elem_type(bias_dtype, "moe_route bias");
   const size_t smem = static_cast<size_t>(2 * n_exp) * sizeof(int32_t) + static_cast<size_t>(2 * s * n_exp) * sizeof(float) +
                       (ids_in_smem ? static_cast<size_t>(2 * s * top_k) * sizeof(int32_t) : 0);
-  ::di::cuda::launch(route_fused_kernel, 1, kListThreads, smem, logits, bias, bt, static_cast<int>(s),
-                     static_cast<int>(n_exp), top_k, route_scale, gate_temp, weights, experts, l, x,
-                     static_cast<int>(d), xc, xs, ids_in_smem);
+  ::di::cuda::launch(ids_in_smem ? route_fused_kernel<true> : route_fused_kernel<false>, 1, kListThreads, smem, logits,
+                     bias, bt, static_cast<int>(s), static_cast<int>(n_exp), top_k, route_scale, gate_temp, weights,
+                     experts, l, x, static_cast<int>(d), xc, xs);
 }
 
 void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0, const uint8_t* const* w1, float* y1,
