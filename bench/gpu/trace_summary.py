@@ -5,7 +5,9 @@ its end minus the previous kernel's end on that stream (under PDL a kernel start
 waits for ends, so durations overlap) -- beside the kernels' own durations; --list prints the kernels
 in start order with that interval; --waits lists where a stream stood idle: a kernel that started after the
 one before it on its stream had ended (under PDL a kernel normally starts before that) waited for something
-else -- another stream's kernel that ended just before it (a join), or the host."""
+else -- another stream's kernel that ended just before it (a join), or the host; --frontier sums, per kernel name,
+how far each kernel moved the step's latest end across all streams (the sum is the span): a proxy for each
+kernel's share of the critical path, where the per-stream intervals also count side work that overlapped."""
 import argparse
 import collections
 import csv
@@ -45,6 +47,22 @@ def print_waits(rows, min_gap_us=1.0):
             print(f"    {us:8.1f} {c:4d}x  {name}  <- {cause}")
 
 
+def print_frontier(rows, top):
+    """Kernels in start order: each moves the latest end seen so far by max(0, its end - that end); summed by name."""
+    frontier = float(rows[0]["start_us"])
+    moved = collections.defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        e = float(r["end_us"])
+        m = moved[short(r["name"])]
+        m[0] += 1
+        m[1] += max(0.0, e - frontier)
+        frontier = max(frontier, e)
+    total = sum(v[1] for v in moved.values())
+    print(f"  frontier: {total:.1f} us moved (us, count, kernel)")
+    for name, (c, us) in sorted(moved.items(), key=lambda x: -x[1][1])[:top]:
+        print(f"    {us:8.1f} {c:4d}x  {name}")
+
+
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     ap = argparse.ArgumentParser()
@@ -52,6 +70,7 @@ def main():
     ap.add_argument("--list", action="store_true", help="every kernel in start order")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--waits", action="store_true", help="idle gaps per stream, by what ended them")
+    ap.add_argument("--frontier", action="store_true", help="per kernel, how far it moved the step's latest end")
     a = ap.parse_args()
     steps = collections.OrderedDict()
     for r in csv.DictReader(open(a.csv)):
@@ -80,6 +99,8 @@ def main():
                 print(f"    {iv:8.1f} {du:8.1f} {c:4d}x  {n}")
         if a.waits:
             print_waits(rows)
+        if a.frontier:
+            print_frontier(rows, a.top)
         if a.list:
             for r in rows:
                 print(f"  {float(r['start_us']):9.2f} {float(r['end_us']) - float(r['start_us']):7.2f} "

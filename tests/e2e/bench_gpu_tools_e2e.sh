@@ -5,7 +5,7 @@
 #    message;
 #  - bench/gpu/trace_summary.py reads a kernel trace: per-stream intervals (a kernel's end minus the previous
 #    kernel's end on its stream, PDL overlap included) and --waits (idle gaps, by the other stream's kernel that
-#    ended last inside the gap, else the host);
+#    ended last inside the gap, else the host) and --frontier (how far each kernel moved the step's latest end);
 #  - bench/gpu/launch_diff.py reads a launch log (DEEPINFER_LAUNCH_LOG): steps split at the embed launches, kernels
 #    inserted in one step reported, and per kernel which parameters changed (an address, a grid, other bytes).
 # Usage: bash bench_gpu_tools_e2e.sh <deepinfer-binary> <repo>/tests
@@ -54,7 +54,7 @@ context,batch,start_us,end_us,stream,ctas,name
 4096,1,30.000,35.000,7,20,"void di::cuda::moe::c_kernel(float*)"
 4096,1,45.000,47.000,7,1,"void di::cuda::d_kernel()"
 CSV
-if ! python3 "$SUMMARY" "$WORK/trace.csv" --waits --list >"$WORK/out.txt" 2>&1; then
+if ! python3 "$SUMMARY" "$WORK/trace.csv" --waits --list --frontier >"$WORK/out.txt" 2>&1; then
   bad "trace_summary.py failed"; cat "$WORK/out.txt"
 fi
 has "header" "^context 4096, batch 1: 5 kernels, span 47.0 us" "$WORK/out.txt"
@@ -64,6 +64,10 @@ has "names keep their template arguments" "a_kernel<1, 2>$" "$WORK/out.txt"
 has "main idle" "stream 7: idle 20.0 us in gaps" "$WORK/out.txt"
 has "the join" "^ +10\.0 +1x  moe::c_kernel  <- after moe::s_kernel$" "$WORK/out.txt"
 has "the host" "^ +10\.0 +1x  d_kernel  <- host$" "$WORK/out.txt"
+# frontier: a 0 -> 10, b 10 -> 20, s 20 -> 28, c 28 -> 35, d 35 -> 47
+has "frontier total" "frontier: 47.0 us moved" "$WORK/out.txt"
+has "d moved the end from c's 35 to 47" "^ +12\.0 +1x  d_kernel$" "$WORK/out.txt"
+has "s, on the side stream, moved it from 20 to 28" "^ +8\.0 +1x  moe::s_kernel$" "$WORK/out.txt"
 
 # three steps; steps 1 and 2: gemv's output address changes, norm's grid changes, step 2 has one more kernel (pool)
 # and quant's 4-byte parameter changes; copy is identical.
