@@ -297,8 +297,8 @@ TEST_F(MoeEngramOps, RouteThenExpertsMatchCpu) {
 // Backend::moe (route and experts in one call; a batch of S rows with S x E <= 1024 takes the fused
 // routing kernel, moe::route_fused): bit for bit the separate moe_route + moe_experts, on the
 // bf16 gate's FP64 tensor-core logits, and relative L2 <= 1e-3 against the CPU's moe. E = 300: 1, 2
-// and 3 rows fused, 4 and 40 rows not: both paths checked. Also on a backend built with DEEPINFER_ROUTE_SMEM_IDS=1, whose
-// fused routing builds its lists from shared memory: bit for bit the default.
+// and 3 rows fused, 4 and 40 rows not: both paths checked. Also on a backend built with
+// DEEPINFER_ROUTE_SMEM_IDS=1, whose fused routing builds its lists from shared memory: bit for bit the default.
 TEST_F(MoeEngramOps, MoeFusedRoutingMatchesSeparateOps) {
   const int64_t n_exp = 300;
   const int top_k = 6;
