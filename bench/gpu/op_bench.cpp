@@ -5,8 +5,11 @@
 //
 // Method: each measurement enqueues `iters` calls behind a host-side stall of the stream (so the
 // host's launch cost is hidden, as in a CUDA-graph replay) and times them with events; inputs rotate
-// over enough weight copies that the bytes of one pass exceed 4x the L2 (no cache replays).
-// usage: op_bench [--iters N] [--moe-experts E] [--fast-fp4-gemm]   (the last: Backend::set_fast_fp4_gemm)
+// over enough weight copies that the bytes of one pass exceed 4x the L2 (no cache replays). With
+// --l2-warm the linears read one copy every call instead: what they take when their weights sit in L2
+// (as a prefetch ahead of them would leave them), reported as op `linear_l2`.
+// usage: op_bench [--iters N] [--moe-experts E] [--fast-fp4-gemm] [--l2-warm]
+//        (--fast-fp4-gemm: Backend::set_fast_fp4_gemm)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -113,10 +116,11 @@ void report(const char* op, const std::string& name, int64_t batch, double sec, 
 
 int main(int argc, char** argv) {
   int iters = 20, moe_experts = 128;
-  bool fast_fp4 = false;
+  bool fast_fp4 = false, l2_warm = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--fast-fp4-gemm") fast_fp4 = true;
+    if (a == "--l2-warm") l2_warm = true;
     if (i + 1 < argc && a == "--iters") iters = std::atoi(argv[i + 1]);
     if (i + 1 < argc && a == "--moe-experts") moe_experts = std::atoi(argv[i + 1]);
   }
@@ -154,7 +158,8 @@ int main(int argc, char** argv) {
               "TB/s", "of_copy", "x_floor");
   for (const Shape& s : shapes) {
     OwnedWeight ow = make_weight(s.mode, s.out, s.in, rng);
-    const int copies = static_cast<int>(std::max<int64_t>(1, (rotate_bytes + weight_bytes(ow) - 1) / weight_bytes(ow)));
+    const int copies =
+        l2_warm ? 1 : static_cast<int>(std::max<int64_t>(1, (rotate_bytes + weight_bytes(ow) - 1) / weight_bytes(ow)));
     std::vector<di::Weight> ws(copies, ow.w);
     for (di::Weight& w : ws) be->prepare(w);
     for (int64_t batch : batches) {
@@ -164,7 +169,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 3; ++i) be->linear(xt, ws[i % copies]);  // warm-up: workspace sizes, module load
       const double sec = time_calls(iters, 3, [&](int i) { be->linear(xt, ws[i % copies]); });
       const double bytes = static_cast<double>(weight_bytes(ow)) + batch * (s.in + s.out) * 4.0;
-      report("linear", s.name, batch, sec, bytes, copy_tbs);
+      report(l2_warm ? "linear_l2" : "linear", s.name, batch, sec, bytes, copy_tbs);
     }
   }
 

@@ -177,36 +177,36 @@ __global__ void scale_bf16_kernel(float* __restrict__ x, int64_t n, float factor
 
 // ---- qdq / packed rows ------------------------------------------------------------------------------
 
-// One warp's 32 values of a row, quantize-dequantized in place (every format's blocks divide 32, so a
-// segment is quantized alone exactly as inside its row): 8 B per value. All 32 lanes call it.
-__device__ __forceinline__ void qdq_segment(float* p, RowFormat f) {
+// This lane's value v of a warp's 32 values of a row, quantize-dequantized (every format's blocks divide 32,
+// so a segment is quantized alone exactly as inside its row), from registers. All 32 lanes call it.
+__device__ __forceinline__ float qdq_lane(float v, RowFormat f) {
   switch (f) {
-    case RowFormat::kFp8Ue8m0: cuda::dq::warp_fp8_ue8m0_qdq_row(p, p, 32); break;
-    case RowFormat::kFp4E4m3: cuda::dq::warp_fp4_e4m3_qdq_row(p, p, 32); break;
-    case RowFormat::kFp4Ue8m0: cuda::dq::warp_fp4_ue8m0_qdq_row(p, p, 32); break;
+    case RowFormat::kFp8Ue8m0: return cuda::dq::lane_fp8_ue8m0_qdq(v);
+    case RowFormat::kFp4E4m3: return cuda::dq::lane_fp4_e4m3_qdq(v);
+    case RowFormat::kFp4Ue8m0: return cuda::dq::lane_fp4_ue8m0_qdq(v);
   }
+  return v;
 }
 
-// [S rows] one warp per 32 values (n % 32 == 0), in place.
+// [S rows] one warp per 32 values (n % 32 == 0), in place: 8 B per value.
 __global__ void qdq_warp_kernel(float* __restrict__ x, int64_t segments, RowFormat f) {
   ::di::cuda::grid_dependency_wait();
   const int64_t seg = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (seg >= segments) return;
-  qdq_segment(x + seg * 32, f);
+  float* p = x + seg * 32 + (threadIdx.x & 31);
+  *p = qdq_lane(*p, f);
 }
 
 // rope_kernel then qdq_warp_kernel in one launch: one warp per 32 values (n % 32 == 0), in place.
-// The quantizer reads back what its own lane stored, so the two steps need no barrier.
 __global__ void rope_qdq_kernel(float* __restrict__ x, int64_t segments, int64_t n, const int64_t* __restrict__ pos,
                                 RowRope rope, RowFormat f) {
   ::di::cuda::grid_dependency_wait();
   const int64_t seg = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (seg >= segments) return;
   const int lane = threadIdx.x & 31;
-  float* p = x + seg * 32;
+  float* p = x + seg * 32 + lane;
   const int64_t col = (seg * 32) % n + lane;
-  p[lane] = rope_lane(p[lane], col, pos[seg * 32 / n], rope);
-  qdq_segment(p, f);
+  *p = qdq_lane(rope_lane(*p, col, pos[seg * 32 / n], rope), f);
 }
 
 // rmsnorm_kernel, rope_kernel and qdq_warp_kernel in one launch, one CTA per row (n % 32 == 0): each
@@ -219,15 +219,28 @@ __global__ void __launch_bounds__(kNormThreads)
   const int64_t row = blockIdx.x;
   const float* xr = x + row * n;
   float* yr = y + row * n;
-  const float inv = cuda::rms_scale(cuda::block_sum_squares_exact<kNormThreads>(xr, n), n, eps);
-  const int lane = threadIdx.x & 31;
-  const int64_t p = pos[row];
-  for (int64_t base = threadIdx.x & ~31; base < n; base += kNormThreads) {
-    const int64_t i = base + lane;
-    const float v = cuda::dq::rms_normed(xr[i], weight_value<kD>(w, i), inv);
-    yr[i] = rope_lane(v, i, p, rope);
-    qdq_segment(yr + base, f);
+  // This thread's first kHeld elements and weights load before the sum, in flight beside it (as rmsnorm_kernel).
+  constexpr int kHeld = 2;  // rows up to 512 wide (the KV latent) load once
+  float xv[kHeld], wv[kHeld];
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    const int64_t i = min(static_cast<int64_t>(threadIdx.x + k * kNormThreads), n - 1);  // clamped loads
+    xv[k] = xr[i];
+    wv[k] = weight_value<kD>(w, i);
   }
+  const int64_t p = pos[row];
+  const float inv = cuda::rms_scale(cuda::block_sum_squares_exact<kNormThreads>(xr, n), n, eps);
+  // A warp's 32 lanes share i & ~31, so they finish together (n % 32 == 0), as the warp-wide quantizer needs.
+  const auto finish = [&](int64_t i, float xi, float wi) {
+    yr[i] = qdq_lane(rope_lane(cuda::dq::rms_normed(xi, wi, inv), i, p, rope), f);
+  };
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    const int64_t i = threadIdx.x + k * kNormThreads;
+    if ((i & ~31) < n) finish(i, xv[k], wv[k]);
+  }
+  for (int64_t i = threadIdx.x + kHeld * kNormThreads; (i & ~31) < n; i += kNormThreads)
+    finish(i, xr[i], weight_value<kD>(w, i));
 }
 
 // kFp4E4m3 rows with n % 32 == 16: one thread per 16-value block, in place.

@@ -188,14 +188,9 @@ __device__ __forceinline__ void warp_fp8_ue8m0_quant_row(const float* x, int n, 
   }
 }
 
-// (1) quant::fp8_ue8m0_qdq with block 32 (y may alias x).
-__device__ __forceinline__ void warp_fp8_ue8m0_qdq_row(const float* x, float* y, int n) {
-  const int lane = threadIdx.x & 31;
-  for (int base = 0; base < n; base += 32) {
-    const float v = x[base + lane];
-    const float s = scale_from_exponent(round_scale_exponent(group_amax<32>(v, kFp8AmaxFloor), kFp8MaxInv));
-    y[base + lane] = fp8_qdq_value(v, s);
-  }
+// (1) quant::fp8_ue8m0_qdq with block 32, of this lane's value v of the warp's 32-value block.
+__device__ __forceinline__ float lane_fp8_ue8m0_qdq(float v) {
+  return fp8_qdq_value(v, scale_from_exponent(round_scale_exponent(group_amax<32>(v, kFp8AmaxFloor), kFp8MaxInv)));
 }
 
 // (2) quant::fp4_e4m3_quant: packed [n/2] (even element low nibble), scales [n/16] e4m3.
@@ -211,14 +206,9 @@ __device__ __forceinline__ void warp_fp4_e4m3_quant_row(const float* x, int n, u
   }
 }
 
-// (2) quant::fp4_e4m3_qdq (y may alias x).
-__device__ __forceinline__ void warp_fp4_e4m3_qdq_row(const float* x, float* y, int n) {
-  const int lane = threadIdx.x & 31;
-  for (int base = 0; base < n; base += 32) {
-    const float v = x[base + lane];
-    const float s = e4m3_to_float(fp4_e4m3_scale_code(group_amax<16>(v, kFp4E4M3AmaxFloor)));
-    y[base + lane] = fp4_qdq_value(v, s);
-  }
+// (2) quant::fp4_e4m3_qdq of this lane's value v (blocks of 16 lanes).
+__device__ __forceinline__ float lane_fp4_e4m3_qdq(float v) {
+  return fp4_qdq_value(v, e4m3_to_float(fp4_e4m3_scale_code(group_amax<16>(v, kFp4E4M3AmaxFloor))));
 }
 
 // (3) quant::fp4_ue8m0_quant: packed [n/2], scales [n/32] e8m0.
@@ -234,14 +224,9 @@ __device__ __forceinline__ void warp_fp4_ue8m0_quant_row(const float* x, int n, 
   }
 }
 
-// (3) quant::fp4_ue8m0_qdq (y may alias x).
-__device__ __forceinline__ void warp_fp4_ue8m0_qdq_row(const float* x, float* y, int n) {
-  const int lane = threadIdx.x & 31;
-  for (int base = 0; base < n; base += 32) {
-    const float v = x[base + lane];
-    const float s = scale_from_exponent(round_scale_exponent(group_amax<32>(v, kFp4Ue8m0AmaxFloor), kFp4MaxInv));
-    y[base + lane] = fp4_qdq_value(v, s);
-  }
+// (3) quant::fp4_ue8m0_qdq of this lane's value v (blocks of 32 lanes).
+__device__ __forceinline__ float lane_fp4_ue8m0_qdq(float v) {
+  return fp4_qdq_value(v, scale_from_exponent(round_scale_exponent(group_amax<32>(v, kFp4Ue8m0AmaxFloor), kFp4MaxInv)));
 }
 
 // ---- dequantizers of the packed forms (element i of a row; any thread mapping) ----------------------
