@@ -31,6 +31,7 @@ class CudaBackend final : public Backend {
   void side_join() override;
   int side_mark() override;
   void side_wait(int mark) override;
+  void prefetch(const Weight& w) override;  // l2_prefetch.cu
 
   Tensor alloc(TType type, const std::vector<int64_t>& shape) override;
   Tensor zeros(TType type, const std::vector<int64_t>& shape) override;
