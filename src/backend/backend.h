@@ -69,9 +69,6 @@ class Backend {
   // later op after that work alone (the side work issued after the mark stays beside them).
   virtual int side_mark() { return -1; }
   virtual void side_wait(int mark) { (void)mark; }
-  // A hint: w's bytes may be read into the device's cache now, ahead of the op that will stream them
-  // (issued as side work where the chain leaves memory idle). Changes no result; the CPU ignores it.
-  virtual void prefetch(const Weight& w) { (void)w; }
 
   // --- memory -----------------------------------------------------------------------------------
   virtual Tensor alloc(TType type, const std::vector<int64_t>& shape) = 0;  // contents undefined

@@ -71,7 +71,6 @@ class ProfilingBackend final : public Backend {
   void side_join() override { inner_.side_join(); }
   int side_mark() override { return inner_.side_mark(); }
   void side_wait(int mark) override { inner_.side_wait(mark); }
-  void prefetch(const Weight& w) override { inner_.prefetch(w); }
   Tensor alloc(TType type, const std::vector<int64_t>& shape) override;
   Tensor zeros(TType type, const std::vector<int64_t>& shape) override;
   Tensor from_host_f32(const std::vector<float>& v, const std::vector<int64_t>& shape) override;

@@ -16,10 +16,4 @@ inline bool env_opt_in(const char* name) {
   return v != nullptr && std::string_view(v) == "1";
 }
 
-// A measuring mode's bit mask: 0 unless set.
-inline int env_bits(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? 0 : std::atoi(v);
-}
-
 }  // namespace di

@@ -132,15 +132,6 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   // for the second. A/Bs (the same ops on the same inputs, so the same bits):
   // DEEPINFER_INDEXER_SIDE_FIRST=0 issues the window keys first and the head weights on the main chain;
   // DEEPINFER_COMPRESS_BESIDE=0 runs the compressor after the queries on the main chain.
-  // DEEPINFER_PREFETCH (bits, a measuring mode, up to 8 query rows): the layer's weight streams read into L2
-  // beside the chain, while it leaves DRAM idle. 4: wq_b first on the side stream (beside wq_a and q_norm);
-  // 1 / 2: wo_a / wo_b once wq_b is issued (beside the indexer and the attention).
-  static const int prefetch_bits = env_bits("DEEPINFER_PREFETCH");
-  const int prefetch = r.xq.rows() <= 8 ? prefetch_bits : 0;
-  auto prefetch_beside = [&](int bit, const Weight& w) {
-    if (prefetch & bit) run_beside(be, [&] { be.prefetch(w); });
-  };
-  prefetch_beside(4, a.wq_b);
   int index_ready = -1, keys_ready = -1;
   run_beside(be, [&] {
     if (indexer_first) {
@@ -160,8 +151,6 @@ Tensor Model::attention(int layer, const Tensor& x, Batch& batch, const std::fun
   // q = rope(wq_b(qr)), qr = q_norm(wq_a(x)) [q rows, q_lora]: kept where the indexer reads it too
   r.q = be.linear_rope(be.linear(r.xq, a.wq_a), a.wq_b, heads, dh, rd, batch.q_positions, rope_[layer],
                        {&a.q_norm, eps, indexed ? &r.qr : nullptr});  // [q rows, H*Dh]
-  prefetch_beside(1, a.wo_a);
-  prefetch_beside(2, a.wo_b);
   if (indexed) {
     r.qi = be.linear(r.qr, a.idx_wq_b);  // [q rows, nIH * ihd]
     be.rope_qdq(r.qi, cfg_.index_n_heads, ihd, rd, batch.q_positions, rope_[layer], RowFormat::kFp4Ue8m0);

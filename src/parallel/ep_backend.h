@@ -31,7 +31,6 @@ class EpBackend final : public Backend {
   void side_join() override { inner_.side_join(); }
   int side_mark() override { return inner_.side_mark(); }
   void side_wait(int mark) override { inner_.side_wait(mark); }
-  void prefetch(const Weight& w) override { inner_.prefetch(w); }
   Tensor alloc(TType t, const std::vector<int64_t>& s) override { return inner_.alloc(t, s); }
   Tensor zeros(TType t, const std::vector<int64_t>& s) override { return inner_.zeros(t, s); }
   Tensor from_host_f32(const std::vector<float>& v, const std::vector<int64_t>& s) override {

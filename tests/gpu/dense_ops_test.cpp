@@ -279,33 +279,6 @@ TEST_F(DenseOps, LinearDecodeShapes) {
   check_linear(*this, WeightMode::kFp4Expert, DType::kI8, 1, 128 * 420, 2560);
 }
 
-// Backend::prefetch is a hint: a linear's bits are the same with and without its weight prefetched, for
-// every weight kind and data sizes that are no multiple of the prefetch line; a prefetch of a weight issued
-// as side work beside the linear changes nothing either.
-TEST_F(DenseOps, PrefetchChangesNoResult) {
-  struct Case {
-    WeightMode mode;
-    DType dtype;
-    int64_t n, k;
-  };
-  const Case cases[] = {{WeightMode::kFp8Block, DType::kF8E4M3, 77, 8192},
-                        {WeightMode::kFp4Expert, DType::kI8, 520, 4096},
-                        {WeightMode::kBf16, DType::kBF16, 33, 100},
-                        {WeightMode::kFp8Block, DType::kF8E4M3, 5, 256}};
-  for (const Case& c : cases) {
-    SCOPED_TRACE(std::string(weight_mode_name(c.mode)) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k));
-    OwnedWeight w = make_weight(rng(), c.mode, c.dtype, c.n, c.k, *gpu);
-    const Tensor x = gpu->from_host_f32(random_activation(rng(), 2, c.k), {2, c.k});
-    const std::vector<float> plain = gpu->to_host_f32(gpu->linear(x, w.w));
-    gpu->prefetch(w.w);
-    EXPECT_EQ(gpu->to_host_f32(gpu->linear(x, w.w)), plain);
-    run_beside(*gpu, [&] { gpu->prefetch(w.w); });
-    const Tensor y = gpu->linear(x, w.w);
-    gpu->side_join();
-    EXPECT_EQ(gpu->to_host_f32(y), plain);
-  }
-}
-
 TEST_F(DenseOps, LinearBf16) {
   for (int64_t s : {1, 3, 17, 130})
     for (auto [n, k] : {std::pair<int64_t, int64_t>{96, 256}, {160, 544}, {33, 100}})

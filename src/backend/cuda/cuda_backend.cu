@@ -79,7 +79,6 @@ CudaBackend::CudaBackend() {
   fused_chains_ = env_switch_on("DEEPINFER_FUSED_CHAINS");
   output_codes_ = env_switch_on("DEEPINFER_OUTPUT_CODES");
   wide_inject_ = env_switch_on("DEEPINFER_WIDE_INJECT");
-  route_smem_ids_ = env_opt_in("DEEPINFER_ROUTE_SMEM_IDS");
 }
 
 CudaBackend::~CudaBackend() = default;

@@ -31,7 +31,6 @@ class CudaBackend final : public Backend {
   void side_join() override;
   int side_mark() override;
   void side_wait(int mark) override;
-  void prefetch(const Weight& w) override;  // l2_prefetch.cu
 
   Tensor alloc(TType type, const std::vector<int64_t>& shape) override;
   Tensor zeros(TType type, const std::vector<int64_t>& shape) override;
@@ -166,9 +165,6 @@ class CudaBackend final : public Backend {
   // engram_inject with a row's loads in flight at once (DEEPINFER_WIDE_INJECT=0: the 256-thread kernel, one L2 round
   // trip per 256 elements; its sums in another order, both within the CPU bound).
   bool wide_inject_ = true;
-  // route_fused's lists read the ids and positions it wrote from shared memory, not back from global memory
-  // (DEEPINFER_ROUTE_SMEM_IDS=1, opt-in until measured on a GPU; the same bits).
-  bool route_smem_ids_ = false;
 };
 
 }  // namespace di

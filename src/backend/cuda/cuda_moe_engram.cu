@@ -207,8 +207,7 @@ Tensor CudaBackend::moe(const Tensor& x, const Weight& gate, const Weight& bias,
   const Tensor logits = router_logits(x, gate);
   const GroupedInputs in = grouped_inputs(s, x.row_size(), n_exp, top_k);
   cuda::moe::route_fused(logits.f32(), cuda::wdata(bias), bias.dtype, s, n_exp, top_k, route_scale, gate_temp,
-                         route.weights.f32(), route.experts.i32(), in.lists, x.f32(), x.row_size(), in.xc, in.xs,
-                         route_smem_ids_);
+                         route.weights.f32(), route.experts.i32(), in.lists, x.f32(), x.row_size(), in.xc, in.xs);
   return moe_experts_grouped(x, route, experts, ys, swiglu_limit, true);
 }
 

@@ -42,22 +42,17 @@ constexpr int kMaxScanChunks = 48 * 1024 / 8 / 32;
 
 // The lists of n = S*k entries by one CTA (every thread calls; ids outside [0, E) are skipped);
 // sm: 2 E ints of shared memory (counts, offsets). Work: n atomics, an E-long scan, then n / 32 warp
-// steps placing the entries. experts may be in shared memory; pos_sm (n ints of shared memory, or nullptr)
-// keeps the entries' positions for the last step, which otherwise reads back l.pos_of from global memory.
+// steps placing the entries.
 __device__ __forceinline__ void build_route_lists(const int32_t* __restrict__ experts, int n, int k, int n_exp,
-                                                  const RouteLists& l, int32_t* sm, int32_t* pos_sm = nullptr) {
+                                                  const RouteLists& l, int32_t* sm) {
   int32_t* cnt = sm;           // [E]
   int32_t* off = sm + n_exp;   // [E]
   for (int e = threadIdx.x; e < n_exp; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int32_t e = experts[i];
-    if (e >= 0 && e < n_exp) {
-      atomicAdd(&cnt[e], 1);
-    } else {
-      l.pos_of[i] = -1;
-      if (pos_sm) pos_sm[i] = -1;
-    }
+    if (e >= 0 && e < n_exp) atomicAdd(&cnt[e], 1);
+    else l.pos_of[i] = -1;
   }
   __syncthreads();
   // exclusive scans of the counts and of the "active" flags: each warp scans 32-expert chunks, warp 0
@@ -128,7 +123,6 @@ __device__ __forceinline__ void build_route_lists(const int32_t* __restrict__ ex
         l.tok_of[p] = i / k;
         l.slot_of[p] = i;
         l.pos_of[i] = p;
-        if (pos_sm) pos_sm[i] = p;
       }
       __syncwarp();  // every lane has read off[] before the groups advance it
       if (ok && lane == 31 - __clz(group)) off[e] += __popc(group);
@@ -141,7 +135,7 @@ __device__ __forceinline__ void build_route_lists(const int32_t* __restrict__ ex
     int32_t ids[kMaxTopK], pos[kMaxTopK];
     int m = 0;
     for (int j = 0; j < k; ++j) {
-      const int32_t p = pos_sm ? pos_sm[t * k + j] : l.pos_of[t * k + j];
+      const int32_t p = l.pos_of[t * k + j];
       if (p < 0) continue;
       const int32_t e = experts[t * k + j];
       int at = m++;
@@ -168,9 +162,7 @@ __global__ void __launch_bounds__(kListThreads)
 // the decode step's chain): the (row, expert) scores by the threads in turn (~1 us each: fp64 exp),
 // the activation's 32-value blocks by warps with 8 blocks' loads in flight, then warp r picks row r's
 // experts, then the lists. The same device code as the three kernels, so the same bits. sm: 2 E
-// ints, then 2 S E floats, then (kIdsInSmem) the S k ids and their list positions as ints, which the lists then
-// read from shared memory instead of reading back what the CTA just wrote to global memory.
-template <bool kIdsInSmem>
+// ints, then 2 S E floats.
 __global__ void __launch_bounds__(kListThreads)
     route_fused_kernel(const float* __restrict__ logits, const uint8_t* __restrict__ bias, ElemType bias_type, int s,
                        int n_exp, int top_k, float route_scale, float gate_temp, float* __restrict__ weights,
@@ -180,8 +172,6 @@ __global__ void __launch_bounds__(kListThreads)
   extern __shared__ int32_t sm[];
   float* sc = reinterpret_cast<float*>(sm + 2 * n_exp);  // [S, E]
   float* biased = sc + s * n_exp;                        // [S, E]
-  int32_t* ids_sm = kIdsInSmem ? reinterpret_cast<int32_t*>(biased + s * n_exp) : nullptr;  // [S, k]
-  int32_t* pos_sm = kIdsInSmem ? ids_sm + s * top_k : nullptr;                             // [S, k]
   constexpr int kBatch = 8, kWarps = kListThreads / 32;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   for (int i = t; i < s * n_exp; i += kListThreads) {
@@ -213,9 +203,9 @@ __global__ void __launch_bounds__(kListThreads)
   __syncthreads();
   for (int r = warp; r < s; r += kWarps)
     pick_top_k(sc + r * n_exp, biased + r * n_exp, n_exp, top_k, route_scale, weights + r * top_k,
-               experts + r * top_k, ids_sm ? ids_sm + r * top_k : nullptr);
-  __syncthreads();  // the ids are visible to all the CTA's threads
-  build_route_lists(ids_sm ? ids_sm : experts, s * top_k, top_k, n_exp, l, sm, pos_sm);
+               experts + r * top_k);
+  __syncthreads();  // the CTA's global writes of the ids are visible to all its threads
+  build_route_lists(experts, s * top_k, top_k, n_exp, l, sm);
 }
 
 // Grouped MXFP4 GEMM: for matrix `mat` (grid x = mats * row_ctas), expert slot blockIdx.z and K split
@@ -376,17 +366,16 @@ bool route_fused_fits(int64_t s, int64_t n_exp) {
 
 void route_fused(const float* logits, const uint8_t* bias, DType bias_dtype, int64_t s, int64_t n_exp, int top_k,
                  float route_scale, float gate_temp, float* weights, int32_t* experts, const RouteLists& l,
-                 const float* x, int64_t d, uint8_t* xc, float* xs, bool ids_in_smem) {
+                 const float* x, int64_t d, uint8_t* xc, float* xs) {
   DI_CHECK_MSG(fused_shape(s, n_exp) && d % 32 == 0,
                "moe_route: fused routing takes S x E <= " + std::to_string(kFusedScores) + " and d % 32 == 0, got S = " +
                    std::to_string(s) + ", E = " + std::to_string(n_exp) + ", d = " + std::to_string(d));
   DI_CHECK_MSG(top_k >= 1 && top_k <= kMaxTopK && top_k <= n_exp, "moe_route: top_k out of range");
   const ElemType bt = elem_type(bias_dtype, "moe_route bias");
-  const size_t ints = static_cast<size_t>(2 * n_exp + (ids_in_smem ? 2 * s * top_k : 0));  // counts; ids, positions
-  const size_t smem = ints * sizeof(int32_t) + static_cast<size_t>(2 * s * n_exp) * sizeof(float);
-  ::di::cuda::launch(ids_in_smem ? route_fused_kernel<true> : route_fused_kernel<false>, 1, kListThreads, smem, logits,
-                     bias, bt, static_cast<int>(s), static_cast<int>(n_exp), top_k, route_scale, gate_temp, weights,
-                     experts, l, x, static_cast<int>(d), xc, xs);
+  const size_t smem = static_cast<size_t>(2 * n_exp) * sizeof(int32_t) + static_cast<size_t>(2 * s * n_exp) * sizeof(float);
+  ::di::cuda::launch(route_fused_kernel, 1, kListThreads, smem, logits, bias, bt, static_cast<int>(s),
+                     static_cast<int>(n_exp), top_k, route_scale, gate_temp, weights, experts, l, x,
+                     static_cast<int>(d), xc, xs);
 }
 
 void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0, const uint8_t* const* w1, float* y1,

@@ -88,13 +88,12 @@ struct GroupedSplitMode {
 };
 // router_select, then route_lists and dense::quantize_activation of x [S, d] into xc / xs, in one
 // launch for a small batch (route_fused_fits: one CTA, S x E <= 1024 scores): the same outputs bit for
-// bit, two launches fewer on the decode chain. experts / weights [S, top_k] as router_select's. ids_in_smem:
-// the lists read the ids and positions from shared memory rather than back from global memory (the same bits).
+// bit, two launches fewer on the decode chain. experts / weights [S, top_k] as router_select's.
 // DEEPINFER_FUSED_ROUTING=0 turns the fused path off (route_fused_fits is then false).
 bool route_fused_fits(int64_t s, int64_t n_exp);
 void route_fused(const float* logits, const uint8_t* bias, DType bias_dtype, int64_t s, int64_t n_exp, int top_k,
                  float route_scale, float gate_temp, float* weights, int32_t* experts, const RouteLists& l,
-                 const float* x, int64_t d, uint8_t* xc, float* xs, bool ids_in_smem);
+                 const float* x, int64_t d, uint8_t* xc, float* xs);
 
 // slots: grid z (the most experts that can be active); nt: n8 token tiles per warp. K is split across
 // CTAs while they fit in one wave (partials and counters in the persistent workspace).

@@ -24,11 +24,9 @@ __device__ __forceinline__ float route_score(float logit, float gate_temp) {
 // One warp (all 32 lanes call): top_k warp-wide argmax passes over the biased scores of one row,
 // held in registers -- "the k largest biased scores, ties to the lowest expert id" -- then lane 0
 // writes the weights (scores renormalised in pick order, +1e-20 when top_k > 1, x route_scale) and
-// ids (-1 for a NaN score's slot). sc / biased: the row's n_exp scores and biased scores. ids_copy: the ids
-// written there too (shared memory, for the same CTA to read without a round trip), or nullptr.
+// ids (-1 for a NaN score's slot). sc / biased: the row's n_exp scores and biased scores.
 __device__ __forceinline__ void pick_top_k(const float* sc, const float* biased, int n_exp, int top_k,
-                                           float route_scale, float* weights, int32_t* experts,
-                                           int32_t* ids_copy = nullptr) {
+                                           float route_scale, float* weights, int32_t* experts) {
   constexpr unsigned kFull = 0xffffffffu;
   const int lane = threadIdx.x & 31;
   constexpr int kLane = kMaxRouted / 32;
@@ -62,7 +60,6 @@ __device__ __forceinline__ void pick_top_k(const float* sc, const float* biased,
     if (top_k > 1) w /= (sum + 1e-20f);
     weights[j] = w * route_scale;
     experts[j] = ok ? picks[j] : -1;
-    if (ids_copy) ids_copy[j] = ok ? picks[j] : -1;
   }
 }
 
