@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
+#include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/pdl_launch.cuh"
 
 namespace di {
@@ -290,7 +291,8 @@ __global__ void hc_post_kernel(const float* __restrict__ y, const float* __restr
 }
 
 // hc_post, then the next site's collapse and RMSNorm (hc_post_kernel, hc_pre_kernel and rmsnorm_kernel
-// in one launch, the same fp32 operations in the same order), grid (D / 256 position blocks, rows):
+// in one launch, the same fp32 operations in the same order), grid (D / 256 position blocks, rows). y is
+// read, or (m.down set) summed from the MoE's parts here as moe::combine would (one launch fewer on the chain):
 //   out[r, k, i] = bf16(post[k] y[r, i] + sum_j comb[j, k] res[r, j, i])
 //   x[i] = bf16(sum_k pre[k] out[r, k, i]),  xn[r, i] = bf16(w[i] (x[i] inv)),  inv from x's mean square.
 // Each CTA writes its positions' out and x (x into xn); the row's last CTA to finish (counter) sums
@@ -301,7 +303,7 @@ constexpr int kPpnThreads = 256;
 
 template <WType T>
 __global__ void __launch_bounds__(kPpnThreads)
-    hc_post_pre_norm_kernel(const float* __restrict__ y, const float* __restrict__ res,
+    hc_post_pre_norm_kernel(const float* __restrict__ y, cuda::MoeCombine m, const float* __restrict__ res,
                             const float* __restrict__ post_mix, int64_t post_mw, const float* __restrict__ pre_mix,
                             int64_t pre_mw, int hc, int64_t d, const uint8_t* __restrict__ w, float eps,
                             unsigned* __restrict__ counters, float* __restrict__ out, float* __restrict__ xn) {
@@ -316,7 +318,7 @@ __global__ void __launch_bounds__(kPpnThreads)
   float* xr = xn + r * d;
   const bool in = i < d;
   const int64_t ic = min(i, d - 1);  // clamped loads (cuda_common.cuh): values past d or hc go unused
-  const float yv = y[r * d + ic];
+  const float yv = m.down ? cuda::moe_combined(m, r, ic, d) : y[r * d + ic];
   float rv[kMaxHc];
 #pragma unroll
   for (int j = 0; j < kMaxHc; ++j) rv[j] = res[(r * hc + min(j, hc - 1)) * d + ic];
@@ -448,8 +450,15 @@ Tensor CudaBackend::hc_post(const Tensor& y, const Tensor& residual, const Tenso
 
 std::pair<Tensor, Tensor> CudaBackend::hc_post_pre_norm(const Tensor& y, const Tensor& residual, const Tensor& post_mix,
                                                         const Tensor& pre_mix, int hc, const Weight& norm, float eps) {
+  return post_pre_norm(y, nullptr, y.rows(), y.row_size(), {residual, post_mix, pre_mix, hc, norm, eps});
+}
+
+std::pair<Tensor, Tensor> CudaBackend::post_pre_norm(const Tensor& y, const cuda::MoeCombine* combine, int64_t s,
+                                                     int64_t d, const PostPreNorm& site) {
+  const Tensor &residual = site.residual, &post_mix = site.post_mix, &pre_mix = site.pre_mix;
+  const Weight& norm = site.norm;
+  const int hc = site.hc;
   check_hc(hc, "hc_post_pre_norm");
-  const int64_t s = y.rows(), d = y.row_size();
   DI_CHECK(residual.rows() == s && residual.row_size() == hc * d);
   DI_CHECK(post_mix.rows() == s && post_mix.row_size() >= (2 + hc) * hc && pre_mix.rows() == s &&
            pre_mix.row_size() >= hc);
@@ -466,8 +475,10 @@ std::pair<Tensor, Tensor> CudaBackend::hc_post_pre_norm(const Tensor& y, const T
                                       : hc_post_pre_norm_kernel<WType::kF32>;
   unsigned* counters = cuda::workspace_as<unsigned>(cuda::Ws::kCounters, static_cast<size_t>(s));  // kept zero
   const dim3 grid(static_cast<unsigned>(cuda::blocks_for(d, kPpnThreads)), static_cast<unsigned>(s));
-  ::di::cuda::launch(kernel, grid, kPpnThreads, 0, y.f32(), residual.f32(), post_mix.f32(), post_mix.row_size(),
-                     pre_mix.f32(), pre_mix.row_size(), hc, d, cuda::wdata(norm), eps, counters, out.f32(), xn.f32());
+  ::di::cuda::launch(kernel, grid, kPpnThreads, 0, combine ? nullptr : y.f32(),
+                     combine ? *combine : cuda::MoeCombine{}, residual.f32(), post_mix.f32(), post_mix.row_size(),
+                     pre_mix.f32(), pre_mix.row_size(), hc, d, cuda::wdata(norm), site.eps, counters, out.f32(),
+                     xn.f32());
   return {out, xn};
 }
 
