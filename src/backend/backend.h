@@ -36,16 +36,6 @@ struct MoeRoute {
   Tensor experts;  // [S, k] i32 expert ids
 };
 
-// The next mHC site a layer's output feeds: Backend::hc_post_pre_norm's arguments besides the output.
-struct PostPreNorm {
-  const Tensor& residual;  // [S, hc*D]
-  const Tensor& post_mix;  // [S, (2 + hc) hc]
-  const Tensor& pre_mix;   // [S, >= hc]
-  int hc;
-  const Weight& norm;  // [D]
-  float eps;
-};
-
 class Backend;
 // A copy of `t` in new storage of the same backend (t itself when it holds nothing).
 Tensor copy_tensor(Backend& b, const Tensor& t);
@@ -280,18 +270,6 @@ class Backend {
                      float swiglu_limit) {
     const MoeRoute route = moe_route(x, gate, bias, top_k, route_scale, gate_temp);
     return moe_experts(x, route, experts, shared, swiglu_limit);
-  }
-  // The MoE layer whose output feeds the next mHC site: moe, side_join, then hc_post_pre_norm of the output with
-  // `site`'s arguments -> {the streams [S, hc*D], the normed input [S, D]} (the MoE's own output is not kept).
-  // The CUDA backend sums the experts' outputs inside the norm's launch instead of in a launch of its own.
-  virtual std::pair<Tensor, Tensor> moe_post_pre_norm(const Tensor& x, const Weight& gate, const Weight& bias, int top_k,
-                                                      float route_scale, float gate_temp,
-                                                      const std::vector<ExpertWeights>& experts,
-                                                      const ExpertWeights& shared, float swiglu_limit,
-                                                      const PostPreNorm& site) {
-    const Tensor y = moe(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit);
-    side_join();
-    return hc_post_pre_norm(y, site.residual, site.post_mix, site.pre_mix, site.hc, site.norm, site.eps);
   }
 
   // --- Engram -----------------------------------------------------------------------------------

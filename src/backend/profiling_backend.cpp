@@ -464,18 +464,6 @@ Tensor ProfilingBackend::moe(const Tensor& x, const Weight& gate, const Weight& 
   return track(inner_.moe(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit));
 }
 
-std::pair<Tensor, Tensor> ProfilingBackend::moe_post_pre_norm(const Tensor& x, const Weight& gate, const Weight& bias,
-                                                              int top_k, float route_scale, float gate_temp,
-                                                              const std::vector<ExpertWeights>& experts,
-                                                              const ExpertWeights& shared, float swiglu_limit,
-                                                              const PostPreNorm& site) {
-  if (mode_ != Mode::kOff)
-    return Backend::moe_post_pre_norm(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit, site);
-  auto [h, xn] = inner_.moe_post_pre_norm(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit,
-                                          site);
-  return {track(std::move(h)), track(std::move(xn))};
-}
-
 // --- Engram ---------------------------------------------------------------------------------------
 
 Tensor ProfilingBackend::engram_lookup(const Tensor& cols, const Weight& table) {

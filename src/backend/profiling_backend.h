@@ -144,10 +144,6 @@ class ProfilingBackend final : public Backend {
   Tensor moe_experts(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
                      const ExpertWeights& shared, float swiglu_limit) override;
   // Plain steps (kOff) take the inner backend's MoE as it runs; counted or timed ones its two ops.
-  std::pair<Tensor, Tensor> moe_post_pre_norm(const Tensor& x, const Weight& gate, const Weight& bias, int top_k,
-                                              float route_scale, float gate_temp,
-                                              const std::vector<ExpertWeights>& experts, const ExpertWeights& shared,
-                                              float swiglu_limit, const PostPreNorm& site) override;
   Tensor moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale, float gate_temp,
              const std::vector<ExpertWeights>& experts, const ExpertWeights& shared, float swiglu_limit) override;
 

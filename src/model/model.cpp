@@ -91,14 +91,6 @@ Tensor Model::moe(int layer, const Tensor& x) {
                       static_cast<float>(cfg_.gate_temp), lw.experts, lw.shared, static_cast<float>(cfg_.swiglu_limit));
 }
 
-std::pair<Tensor, Tensor> Model::moe_post_pre_norm(int layer, const Tensor& x, const PostPreNorm& site) {
-  const LayerWeights& lw = w_.layers[layer];
-  const int top_k = cfg_.layers[layer].is_dspark ? cfg_.dspark_n_activated_experts : cfg_.n_activated_experts;
-  return backend_.moe_post_pre_norm(x, lw.gate, lw.gate_bias, top_k, static_cast<float>(cfg_.route_scale),
-                                    static_cast<float>(cfg_.gate_temp), lw.experts, lw.shared,
-                                    static_cast<float>(cfg_.swiglu_limit), site);
-}
-
 Tensor Model::engram(int layer, const Tensor& h, const Tensor& cols) {
   const LayerWeights& lw = w_.layers[layer];
   Tensor rows = backend_.engram_lookup(cols, lw.engram_table);  // [n, n_cols * head_dim]
@@ -140,15 +132,10 @@ Tensor Model::block(int layer, const Tensor& h_in, Tensor& pre_mix, Batch& batch
     return backend_.hc_mixes(h1, hc, lw.hc_ffn_fn, lw.hc_ffn_scale, lw.hc_ffn_base, eps, cfg_.hc_sinkhorn_iters,
                              hc_eps);
   });
-  pre_mix = f_mix;
-  if (next_norm && !(hooks && hooks->after_ffn)) {  // the MoE's output is read by the next site alone
-    auto [h_out, x_next] = moe_post_pre_norm(layer, x_ffn, {h1, f_mix, f_mix, hc, *next_norm, eps});
-    *next_x = x_next;
-    return h_out;
-  }
   y = moe(layer, x_ffn);
   if (hooks && hooks->after_ffn) hooks->after_ffn(layer, y);
   backend_.side_join();
+  pre_mix = f_mix;
   if (!next_norm) return backend_.hc_post(y, h1, f_mix, hc);
   auto [h_out, x_next] = backend_.hc_post_pre_norm(y, h1, f_mix, f_mix, hc, *next_norm, eps);
   *next_x = x_next;

@@ -180,8 +180,6 @@ class Model {
   // Engram: appends ids to the history (cut to `start` first) and hashes them: [n][slot][col] rows.
   std::vector<int32_t> engram_hashes(SequenceState& state, int64_t start, const std::vector<int32_t>& ids);
   Tensor moe(int layer, const Tensor& x);
-  // moe, then the next site's hc_post_pre_norm of its output (Backend::moe_post_pre_norm): {streams, normed input}.
-  std::pair<Tensor, Tensor> moe_post_pre_norm(int layer, const Tensor& x, const PostPreNorm& site);
   Tensor engram(int layer, const Tensor& h, const Tensor& cols);
   Tensor one_hot_pre(int64_t n);
   Tensor repeat_streams(const Tensor& x);

@@ -1,7 +1,5 @@
 // CUDA backend: the mHC (hyper-connection) ops, bit-compatible with cpu_elementwise.cpp: the same
 // fp32 rounding points in the same order (no FMA contraction where the CPU multiplies then adds).
-#include <cooperative_groups.h>
-
 #include <algorithm>
 
 #include "backend/cuda/attn_common.cuh"
@@ -10,9 +8,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
-#include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/pdl_launch.cuh"
-#include "core/env_switch.h"
 
 namespace di {
 namespace {
@@ -294,8 +290,7 @@ __global__ void hc_post_kernel(const float* __restrict__ y, const float* __restr
 }
 
 // hc_post, then the next site's collapse and RMSNorm (hc_post_kernel, hc_pre_kernel and rmsnorm_kernel
-// in one launch, the same fp32 operations in the same order), grid (D / 256 position blocks, rows). y is
-// read, or (m.down set) summed from the MoE's parts here as moe::combine would (one launch fewer on the chain):
+// in one launch, the same fp32 operations in the same order), grid (D / 256 position blocks, rows):
 //   out[r, k, i] = bf16(post[k] y[r, i] + sum_j comb[j, k] res[r, j, i])
 //   x[i] = bf16(sum_k pre[k] out[r, k, i]),  xn[r, i] = bf16(w[i] (x[i] inv)),  inv from x's mean square.
 // Each CTA writes its positions' out and x (x into xn); the row's last CTA to finish (counter) sums
@@ -306,7 +301,7 @@ constexpr int kPpnThreads = 256;
 
 template <WType T>
 __global__ void __launch_bounds__(kPpnThreads)
-    hc_post_pre_norm_kernel(const float* __restrict__ y, cuda::MoeCombine m, const float* __restrict__ res,
+    hc_post_pre_norm_kernel(const float* __restrict__ y, const float* __restrict__ res,
                             const float* __restrict__ post_mix, int64_t post_mw, const float* __restrict__ pre_mix,
                             int64_t pre_mw, int hc, int64_t d, const uint8_t* __restrict__ w, float eps,
                             unsigned* __restrict__ counters, float* __restrict__ out, float* __restrict__ xn) {
@@ -321,7 +316,7 @@ __global__ void __launch_bounds__(kPpnThreads)
   float* xr = xn + r * d;
   const bool in = i < d;
   const int64_t ic = min(i, d - 1);  // clamped loads (cuda_common.cuh): values past d or hc go unused
-  const float yv = m.down ? cuda::moe_combined(m, r, ic, d) : y[r * d + ic];
+  const float yv = y[r * d + ic];
   float rv[kMaxHc];
 #pragma unroll
   for (int j = 0; j < kMaxHc; ++j) rv[j] = res[(r * hc + min(j, hc - 1)) * d + ic];
@@ -370,83 +365,6 @@ __global__ void __launch_bounds__(kPpnThreads)
 #pragma unroll 4
   for (int64_t p = threadIdx.x; p < d; p += kPpnThreads)
     xr[p] = cuda::dq::rms_normed(__ldcg(xr + p), cuda::attn::weight_elem(w, T, p), inv);
-}
-
-// hc_post_pre_norm_kernel's arithmetic by a cluster of kPpnCluster CTAs per row, with no last CTA: each CTA
-// computes its span of the row's streams and x, keeps x in shared memory, and after a cluster barrier every
-// CTA reads the whole x through distributed shared memory to run cpu::sum_squares's chains (thread t: chain
-// t, the same values in the same order, so the same bits), then normalizes its own span from registers. The
-// last-CTA design pays a fence, an atomic and a re-read of x from L2 after every CTA's stores; here the row's
-// x never leaves the SMs. Up to kPpnCluster x kPpnThreads x kPpnPer = 8192 positions.
-constexpr int kPpnCluster = 8, kPpnPer = 4, kPpnChainLoads = 32;  // chain loads: 8192 / 256
-
-template <WType T>
-__global__ void __cluster_dims__(kPpnCluster, 1, 1) __launch_bounds__(kPpnThreads)
-    hc_post_pre_norm_cluster_kernel(const float* __restrict__ y, cuda::MoeCombine m, const float* __restrict__ res,
-                                    const float* __restrict__ post_mix, int64_t post_mw,
-                                    const float* __restrict__ pre_mix, int64_t pre_mw, int hc, int64_t d,
-                                    const uint8_t* __restrict__ w, float eps, float* __restrict__ out,
-                                    float* __restrict__ xn) {
-  ::di::cuda::grid_dependency_wait();
-  namespace cg = cooperative_groups;
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t r = blockIdx.y, span = (d + kPpnCluster - 1) / kPpnCluster, p0 = rank * span;
-  __shared__ float post[kMaxHc], pre[kMaxHc], comb[kMaxHc * kMaxHc];
-  __shared__ float xs[kPpnThreads * kPpnPer];  // x at positions p0 + l
-  if (threadIdx.x < hc) {
-    post[threadIdx.x] = post_mix[r * post_mw + hc + threadIdx.x];
-    pre[threadIdx.x] = pre_mix[r * pre_mw + threadIdx.x];
-  }
-  if (threadIdx.x < hc * hc) comb[threadIdx.x] = post_mix[r * post_mw + 2 * hc + threadIdx.x];
-  // this thread's positions p0 + threadIdx.x + q kPpnThreads: their y, streams and norm weights in flight together
-  float yv[kPpnPer], wv[kPpnPer], rv[kPpnPer][kMaxHc];
-#pragma unroll
-  for (int q = 0; q < kPpnPer; ++q) {
-    const int64_t l = threadIdx.x + q * kPpnThreads, i = min(p0 + min(l, span - 1), d - 1);  // clamped loads
-    yv[q] = m.down ? cuda::moe_combined(m, r, i, d) : y[r * d + i];
-    wv[q] = cuda::attn::weight_elem(w, T, i);
-#pragma unroll
-    for (int j = 0; j < kMaxHc; ++j) rv[q][j] = res[(r * hc + min(j, hc - 1)) * d + i];
-  }
-  __syncthreads();  // the mixes
-  float xv[kPpnPer] = {};
-#pragma unroll
-  for (int q = 0; q < kPpnPer; ++q) {
-    const int64_t l = threadIdx.x + q * kPpnThreads, i = p0 + l;
-    if (l >= span || i >= d) continue;
-    float x = 0.0f;
-    for (int k = 0; k < hc; ++k) {
-      float acc = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kMaxHc; ++j)
-        if (j < hc) acc = __fadd_rn(acc, __fmul_rn(comb[j * hc + k], rv[q][j]));
-      const float o = cuda::round_bf16(__fadd_rn(__fmul_rn(post[k], yv[q]), acc));
-      out[(r * hc + k) * d + i] = o;
-      x = __fadd_rn(x, __fmul_rn(pre[k], o));
-    }
-    xv[q] = cuda::round_bf16(x);
-    xs[l] = xv[q];
-  }
-  cluster.sync();  // every CTA's x in its shared memory
-  float v[kPpnChainLoads];
-#pragma unroll
-  for (int j = 0; j < kPpnChainLoads; ++j) {
-    const int64_t p = min(threadIdx.x + static_cast<int64_t>(j) * kPpnThreads, d - 1);
-    v[j] = cluster.map_shared_rank(xs, static_cast<unsigned>(p / span))[p % span];
-  }
-  float ss = 0.0f;  // chain threadIdx.x of cpu::sum_squares(x, d)
-#pragma unroll
-  for (int j = 0; j < kPpnChainLoads; ++j)
-    if (threadIdx.x + static_cast<int64_t>(j) * kPpnThreads < d) ss = __fadd_rn(ss, __fmul_rn(v[j], v[j]));
-  const float inv = cuda::rms_scale(cuda::block_chains_total<kPpnThreads>(ss), d, eps);
-  float* xr = xn + r * d;
-#pragma unroll
-  for (int q = 0; q < kPpnPer; ++q) {
-    const int64_t l = threadIdx.x + q * kPpnThreads, i = p0 + l;
-    if (l < span && i < d) xr[i] = cuda::dq::rms_normed(xv[q], wv[q], inv);
-  }
-  cluster.sync();  // no CTA leaves while another still reads its shared memory
 }
 
 // out[r, i] = bf16((sum_k x[r, k, i]) / hc).
@@ -530,15 +448,8 @@ Tensor CudaBackend::hc_post(const Tensor& y, const Tensor& residual, const Tenso
 
 std::pair<Tensor, Tensor> CudaBackend::hc_post_pre_norm(const Tensor& y, const Tensor& residual, const Tensor& post_mix,
                                                         const Tensor& pre_mix, int hc, const Weight& norm, float eps) {
-  return post_pre_norm(y, nullptr, y.rows(), y.row_size(), {residual, post_mix, pre_mix, hc, norm, eps});
-}
-
-std::pair<Tensor, Tensor> CudaBackend::post_pre_norm(const Tensor& y, const cuda::MoeCombine* combine, int64_t s,
-                                                     int64_t d, const PostPreNorm& site) {
-  const Tensor &residual = site.residual, &post_mix = site.post_mix, &pre_mix = site.pre_mix;
-  const Weight& norm = site.norm;
-  const int hc = site.hc;
   check_hc(hc, "hc_post_pre_norm");
+  const int64_t s = y.rows(), d = y.row_size();
   DI_CHECK(residual.rows() == s && residual.row_size() == hc * d);
   DI_CHECK(post_mix.rows() == s && post_mix.row_size() >= (2 + hc) * hc && pre_mix.rows() == s &&
            pre_mix.row_size() >= hc);
@@ -550,26 +461,13 @@ std::pair<Tensor, Tensor> CudaBackend::post_pre_norm(const Tensor& y, const cuda
   Tensor xn = alloc(TType::kF32, {s, d});
   if (s == 0 || d == 0) return {out, xn};
   DI_CHECK_MSG(s <= 65535, "hc_post_pre_norm: too many rows");
-  const cuda::MoeCombine sum = combine ? *combine : cuda::MoeCombine{};
-  const float* y_in = combine ? nullptr : y.f32();
-  static const bool cluster = env_switch_on("DEEPINFER_PPN_CLUSTER");
-  if (cluster && d <= static_cast<int64_t>(kPpnCluster) * kPpnThreads * kPpnPer) {
-    auto* kernel = w_t == WType::kBf16  ? hc_post_pre_norm_cluster_kernel<WType::kBf16>
-                   : w_t == WType::kF16 ? hc_post_pre_norm_cluster_kernel<WType::kF16>
-                                        : hc_post_pre_norm_cluster_kernel<WType::kF32>;
-    ::di::cuda::launch(kernel, dim3(kPpnCluster, static_cast<unsigned>(s)), kPpnThreads, 0, y_in, sum, residual.f32(),
-                       post_mix.f32(), post_mix.row_size(), pre_mix.f32(), pre_mix.row_size(), hc, d,
-                       cuda::wdata(norm), site.eps, out.f32(), xn.f32());
-    return {out, xn};
-  }
   auto* kernel = w_t == WType::kBf16  ? hc_post_pre_norm_kernel<WType::kBf16>
                  : w_t == WType::kF16 ? hc_post_pre_norm_kernel<WType::kF16>
                                       : hc_post_pre_norm_kernel<WType::kF32>;
   unsigned* counters = cuda::workspace_as<unsigned>(cuda::Ws::kCounters, static_cast<size_t>(s));  // kept zero
   const dim3 grid(static_cast<unsigned>(cuda::blocks_for(d, kPpnThreads)), static_cast<unsigned>(s));
-  ::di::cuda::launch(kernel, grid, kPpnThreads, 0, y_in, sum, residual.f32(), post_mix.f32(), post_mix.row_size(),
-                     pre_mix.f32(), pre_mix.row_size(), hc, d, cuda::wdata(norm), site.eps, counters, out.f32(),
-                     xn.f32());
+  ::di::cuda::launch(kernel, grid, kPpnThreads, 0, y.f32(), residual.f32(), post_mix.f32(), post_mix.row_size(),
+                     pre_mix.f32(), pre_mix.row_size(), hc, d, cuda::wdata(norm), eps, counters, out.f32(), xn.f32());
   return {out, xn};
 }
 

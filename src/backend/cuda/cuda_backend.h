@@ -11,7 +11,6 @@
 namespace di {
 namespace cuda {
 class UploadCache;
-struct MoeCombine;
 namespace dense {
 struct RopeArgs;  // dense_linear.cuh
 }
@@ -107,10 +106,6 @@ class CudaBackend final : public Backend {
                      const ExpertWeights& shared, float swiglu_limit) override;
   Tensor moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale, float gate_temp,
              const std::vector<ExpertWeights>& experts, const ExpertWeights& shared, float swiglu_limit) override;
-  std::pair<Tensor, Tensor> moe_post_pre_norm(const Tensor& x, const Weight& gate, const Weight& bias, int top_k,
-                                              float route_scale, float gate_temp,
-                                              const std::vector<ExpertWeights>& experts, const ExpertWeights& shared,
-                                              float swiglu_limit, const PostPreNorm& site) override;
 
   Tensor engram_lookup(const Tensor& cols, const Weight& table) override;
   Tensor engram_inject(const Tensor& x, const Tensor& kv, const Weight& q_weight, const Weight& k_weight, int hc,
@@ -122,18 +117,8 @@ class CudaBackend final : public Backend {
  private:
   // The grouped routed experts plus `shared_y`, the shared expert's output (side work until joined).
   // inputs_ready: the routing lists and quantized x are already in the workspace (moe::route_fused).
-  // With `site`: the output goes into hc_post_pre_norm's launch, whose {streams, normed input} land in `normed`,
-  // and the returned tensor is empty.
   Tensor moe_experts_grouped(const Tensor& x, const MoeRoute& route, const std::vector<ExpertWeights>& experts,
-                             const Tensor& shared_y, float swiglu_limit, bool inputs_ready = false,
-                             const PostPreNorm* site = nullptr, std::pair<Tensor, Tensor>* normed = nullptr);
-  // moe on the grouped path (uniform MXFP4 experts, rows > 0), with moe_experts_grouped's `site`.
-  Tensor moe_grouped(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
-                     float gate_temp, const std::vector<ExpertWeights>& experts, const ExpertWeights& shared,
-                     float swiglu_limit, const PostPreNorm* site, std::pair<Tensor, Tensor>* normed);
-  // hc_post_pre_norm of y [S, D], or (y empty) of the MoE output that `combine` sums in the same launch.
-  std::pair<Tensor, Tensor> post_pre_norm(const Tensor& y, const cuda::MoeCombine* combine, int64_t s, int64_t d,
-                                          const PostPreNorm& site);
+                             const Tensor& shared_y, float swiglu_limit, bool inputs_ready = false);
   // A GEMM epilogue's / staging's RoPE: the positions and the table's frequencies uploaded (cached by content).
   cuda::dense::RopeArgs rope_args(const std::vector<int64_t>& positions, const RopeTable& table, int head_dim,
                                   int rope_dim);

@@ -10,7 +10,6 @@
 #include "backend/cuda/dense_linear.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
-#include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/moe_kernels.cuh"
 #include "backend/cuda/side_stream.cuh"
 #include "core/env_switch.h"
@@ -195,32 +194,12 @@ Tensor CudaBackend::moe(const Tensor& x, const Weight& gate, const Weight& bias,
                         float swiglu_limit) {
   if (x.rows() == 0 || !uniform_fp4_experts(experts, x.row_size()))
     return Backend::moe(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit);
-  return moe_grouped(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit, nullptr, nullptr);
-}
-
-std::pair<Tensor, Tensor> CudaBackend::moe_post_pre_norm(const Tensor& x, const Weight& gate, const Weight& bias,
-                                                         int top_k, float route_scale, float gate_temp,
-                                                         const std::vector<ExpertWeights>& experts,
-                                                         const ExpertWeights& shared, float swiglu_limit,
-                                                         const PostPreNorm& site) {
-  static const bool fused = env_switch_on("DEEPINFER_COMBINE_IN_NORM");
-  if (!fused || x.rows() == 0 || !uniform_fp4_experts(experts, x.row_size()))
-    return Backend::moe_post_pre_norm(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit, site);
-  std::pair<Tensor, Tensor> normed;
-  moe_grouped(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit, &site, &normed);
-  return normed;
-}
-
-Tensor CudaBackend::moe_grouped(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
-                                float gate_temp, const std::vector<ExpertWeights>& experts,
-                                const ExpertWeights& shared, float swiglu_limit, const PostPreNorm* site,
-                                std::pair<Tensor, Tensor>* normed) {
   // the shared expert needs x alone: side work beside the router and the routed experts
   const Tensor ys = run_beside(*this, [&] { return run_expert(*this, x, shared, nullptr, nullptr, swiglu_limit); });
   const int64_t s = x.rows(), n_exp = gate.rows;
   if (!cuda::moe::route_fused_fits(s, n_exp) || static_cast<int64_t>(experts.size()) != n_exp) {
     const MoeRoute route = moe_route(x, gate, bias, top_k, route_scale, gate_temp);
-    return moe_experts_grouped(x, route, experts, ys, swiglu_limit, false, site, normed);
+    return moe_experts_grouped(x, route, experts, ys, swiglu_limit);
   }
   // small batch: selection, routing lists and the quantized input in one launch
   DI_CHECK(bias.rows * bias.cols == n_exp);
@@ -229,13 +208,12 @@ Tensor CudaBackend::moe_grouped(const Tensor& x, const Weight& gate, const Weigh
   const GroupedInputs in = grouped_inputs(s, x.row_size(), n_exp, top_k);
   cuda::moe::route_fused(logits.f32(), cuda::wdata(bias), bias.dtype, s, n_exp, top_k, route_scale, gate_temp,
                          route.weights.f32(), route.experts.i32(), in.lists, x.f32(), x.row_size(), in.xc, in.xs);
-  return moe_experts_grouped(x, route, experts, ys, swiglu_limit, true, site, normed);
+  return moe_experts_grouped(x, route, experts, ys, swiglu_limit, true);
 }
 
 Tensor CudaBackend::moe_experts_grouped(const Tensor& x, const MoeRoute& route,
                                         const std::vector<ExpertWeights>& experts, const Tensor& ys,
-                                        float swiglu_limit, bool inputs_ready, const PostPreNorm* site,
-                                        std::pair<Tensor, Tensor>* normed) {
+                                        float swiglu_limit, bool inputs_ready) {
   const int64_t s = x.rows(), d = x.row_size(), k = route.experts.row_size();
   const int64_t n_exp = static_cast<int64_t>(experts.size());
   DI_CHECK(route.experts.rows() == s && route.weights.rows() == s && route.weights.row_size() == k);
@@ -279,13 +257,8 @@ Tensor CudaBackend::moe_experts_grouped(const Tensor& x, const MoeRoute& route,
 
   side_join();  // the shared expert's output
   DI_CHECK(ys.rows() == s && ys.row_size() == d);
-  const MoeCombine sum{down, lists.order, static_cast<int>(k), ys.f32()};
-  if (site) {
-    *normed = post_pre_norm(Tensor(), &sum, s, d, *site);
-    return Tensor();
-  }
   Tensor out = alloc(TType::kF32, {s, d});
-  moe::combine(sum, s, d, out.f32());
+  moe::combine(down, lists.order, static_cast<int>(k), ys.f32(), s, d, out.f32());
   return out;
 }
 

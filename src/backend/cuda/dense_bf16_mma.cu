@@ -86,9 +86,8 @@ __device__ __forceinline__ void quantize_tile(const float* y, int row0, int t0, 
 // x row t of the CTA's group: x + t * x_stride + group * K (group = first row / rows_per_group; a
 // CTA's rows share one group). wscale: FP8 block scales [ceil(N / 32), scale_cols] (E8M0). Up to 16
 // tokens two CTAs share an SM (the BF16 head at batch 1 - 8 streams 1.3 GB; at 146 registers it ran
-// one CTA, 8 warps, per SM; ptxas now keeps it under 128 with a few spilled bytes). kDeep: FP8 weights
-// kAhead = 3 chunks ahead and, up to 16 tokens, x's loads hoisted over the MMAs (DEEPINFER_MMA_DEEP=0: neither).
-template <int NT, MmaWeight F, bool kDeep>
+// one CTA, 8 warps, per SM; ptxas now keeps it under 128 with a few spilled bytes).
+template <int NT, MmaWeight F>
 __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     bf16_mma_kernel(const float* __restrict__ x, int64_t x_stride, int rows_per_group, int S, const uint8_t* __restrict__ w,
                     const uint8_t* __restrict__ wscale, int64_t scale_cols, int N, int K, int k_per_split,
@@ -121,50 +120,27 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
           a[mt][h][l] = __ldg(reinterpret_cast<const uint4*>(wr[mt][h] + (kFp8 ? k0 : 2 * k0 + 64 * l)));
     if constexpr (kFp8) sc = __ldg(sc_row + (k0 + 16 * q) / 32);
   };
-  // Chunk k0 of x, tokens x 64 fp32, a float4 per thread step (kXSteps steps): its loads, then (store_x) bf16
-  // hi / lo into buffer buf. Up to 16 tokens the loads are issued before the chunk's MMAs and the stores
-  // after them, so the MMAs hide the L2 round trip; staged right away past that (registers).
-  constexpr int kXSteps = (kTok * (kChunk / 4) + kMmaThreads - 1) / kMmaThreads;
-  struct XChunk {
-    uint4 u[kXSteps];
-    uint2 pw[kXSteps];      // wo_a: the token's position (x's inverse RoPE)
-    float f0[kXSteps], f1[kXSteps];  // and the two pairs' frequencies
-  };
-  auto load_x = [&](int k0, XChunk& xc) {
-#pragma unroll
-    for (int j = 0; j < kXSteps; ++j) {
-      const int i = threadIdx.x + j * kMmaThreads, t = i / (kChunk / 4), c = i % (kChunk / 4);
-      const bool in = i < kTok * (kChunk / 4) && t < tokens;
+  // tokens x 64 fp32 of chunk k0 -> bf16 hi / lo, a float4 per thread step; true when this thread
+  // staged a nonzero lo
+  auto stage_x = [&](int buf, int k0) {
+    bool lo_nonzero = false;
+    for (int i = threadIdx.x; i < kTok * (kChunk / 4); i += kMmaThreads) {
+      const int t = i / (kChunk / 4), c = i % (kChunk / 4);
       // predicated, not branched (cuda_common.cuh); padding tokens stage zeros
-      xc.u[j] = ldg16_if(in, xg + (t0 + t) * x_stride + k0 + 4 * c);
+      const uint4 u = ldg16_if(t < tokens, xg + (t0 + t) * x_stride + k0 + 4 * c);
+      float4 v = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
       if (kFp8 && x_rope.rope.freqs) {  // wo_a: x's inverse RoPE on the 4 values' two pairs, which share a
         // head (4 | head_dim, rope_dim); the position and both frequencies load together, predicated
         const RowRope& rr = x_rope.rope;
         const int hc = static_cast<int>((x_col0 + k0 + 4 * c) % rr.head_dim), first = rr.head_dim - rr.rope_dim;
-        const bool rot = in && hc >= first;
+        const bool rot = t < tokens && hc >= first;
         const int f = rot ? (hc - first) / 2 : 0;
-        xc.pw[j] = ldg8_if(rot, x_rope.pos + t0 + t);
-        xc.f0[j] = __uint_as_float(ldg4_if(rot, rr.freqs + f));
-        xc.f1[j] = __uint_as_float(ldg4_if(rot, rr.freqs + f + 1));
-      }
-    }
-  };
-  // true when this thread staged a nonzero lo
-  auto store_x = [&](int buf, int k0, const XChunk& xc) {
-    bool lo_nonzero = false;
-#pragma unroll
-    for (int j = 0; j < kXSteps; ++j) {
-      const int i = threadIdx.x + j * kMmaThreads, t = i / (kChunk / 4), c = i % (kChunk / 4);
-      if (i >= kTok * (kChunk / 4)) break;
-      const uint4 u = xc.u[j];
-      float4 v = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
-      if (kFp8 && x_rope.rope.freqs) {
-        const RowRope& rr = x_rope.rope;
-        const int hc = static_cast<int>((x_col0 + k0 + 4 * c) % rr.head_dim), first = rr.head_dim - rr.rope_dim;
-        if (t < tokens && hc >= first) {
-          const int64_t pos = static_cast<int64_t>(static_cast<uint64_t>(xc.pw[j].y) << 32 | xc.pw[j].x);
-          rope_pair_at(v.x, v.y, pos, xc.f0[j], true);
-          rope_pair_at(v.z, v.w, pos, xc.f1[j], true);
+        const uint2 pw = ldg8_if(rot, x_rope.pos + t0 + t);
+        const int64_t pos = static_cast<int64_t>(static_cast<uint64_t>(pw.y) << 32 | pw.x);
+        const float f0 = __uint_as_float(ldg4_if(rot, rr.freqs + f)), f1 = __uint_as_float(ldg4_if(rot, rr.freqs + f + 1));
+        if (rot) {
+          rope_pair_at(v.x, v.y, pos, f0, true);
+          rope_pair_at(v.z, v.w, pos, f1, true);
         }
       }
       const __nv_bfloat162 h01 = __floats2bfloat162_rn(v.x, v.y), h23 = __floats2bfloat162_rn(v.z, v.w);
@@ -178,24 +154,12 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     }
     return lo_nonzero;
   };
-  auto stage_x = [&](int buf, int k0) {
-    XChunk xc;
-    load_x(k0, xc);
-    return store_x(buf, k0, xc);
-  };
-  constexpr bool kHoistX = kDeep && NT <= 2;
   // this CTA's K range (blockIdx.z of the split)
   const int k_begin = blockIdx.z * k_per_split, k_end = min(K, k_begin + k_per_split);
   float acc[2][NT][4] = {};
-  // Weight chunks in flight ahead of the MMAs: ws[0] is the chunk being multiplied, ws[1 .. kAhead] the next
-  // ones. FP8 (wo_a, one 16-byte load per row and chunk) keeps 3 ahead: with one, each chunk waited out
-  // most of a DRAM round trip.
-  constexpr int kAhead = kFp8 && kDeep ? 3 : 1;
-  uint4 ws[kAhead + 1][2][2][kLoads];
-  uint32_t w_sc[kAhead + 1] = {};
-#pragma unroll
-  for (int j = 0; j < kAhead; ++j)
-    if (k_begin + j * kChunk < k_end) load_w(ws[j], w_sc[j], k_begin + j * kChunk);
+  uint4 cur[2][2][kLoads], nxt[2][2][kLoads];
+  uint32_t cur_sc = 0, nxt_sc = 0;
+  load_w(cur, cur_sc, k_begin);
   // lo_used: the chunk's lo is nonzero somewhere in the CTA. Else its MMAs would add exact zeros
   // (bf16-valued x such as wo_a's) and are skipped when skip_zero_lo: same sums, half the MMAs
   bool lo_used = __syncthreads_or(stage_x(0, k_begin)) || !skip_zero_lo;
@@ -203,16 +167,10 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
   for (int k0 = k_begin, it = 0; k0 < k_end; k0 += kChunk, ++it) {
     const int buf = it & 1;
     bool next_lo = false;
-    const bool more = k0 + kChunk < k_end;
-    if (k0 + kAhead * kChunk < k_end) load_w(ws[kAhead], w_sc[kAhead], k0 + kAhead * kChunk);
-    XChunk next_x;
-    if constexpr (kHoistX) {
-      if (more) load_x(k0 + kChunk, next_x);
-    } else {
-      if (more) next_lo = stage_x(buf ^ 1, k0 + kChunk);
+    if (k0 + kChunk < k_end) {
+      load_w(nxt, nxt_sc, k0 + kChunk);
+      next_lo = stage_x(buf ^ 1, k0 + kChunk);
     }
-    const auto& cur = ws[0];
-    const uint32_t cur_sc = w_sc[0];
     uint32_t wv[2][2][8];  // [mt][h][word]: bf16 pairs
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -256,19 +214,13 @@ __global__ void __launch_bounds__(kMmaThreads, NT <= 2 ? 2 : 1)
     };
     if (lo_used) mma_chunk(std::integral_constant<int, 2>{});
     else mma_chunk(std::integral_constant<int, 1>{});
-    if constexpr (kHoistX) {
-      if (more) next_lo = store_x(buf ^ 1, k0 + kChunk, next_x);
-    }
 #pragma unroll
-    for (int j = 0; j < kAhead; ++j) {  // the window moves on a chunk (register moves)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int l = 0; l < kLoads; ++l) ws[j][mt][h][l] = ws[j + 1][mt][h][l];
-      w_sc[j] = w_sc[j + 1];
-    }
+        for (int l = 0; l < kLoads; ++l) cur[mt][h][l] = nxt[mt][h][l];
+    cur_sc = nxt_sc;
     lo_used = __syncthreads_or(next_lo) || !skip_zero_lo;  // buffer `buf` is read; the other one is staged
   }
   mma::for_each_acc(acc, row0, N, tokens, [&](int r, int t, float v) {
@@ -326,9 +278,7 @@ bool launch_nt(const float* x, int64_t x_stride, int rows_per_group, int64_t S, 
   const dim3 grid(static_cast<unsigned>(row_ctas), static_cast<unsigned>(tok_ctas), static_cast<unsigned>(used));
   const bool fixup = partial && mma::fixup_in_kernel(tile_outputs, kMmaThreads, used);
   unsigned* counters = fixup ? workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(grid.x) * grid.y) : nullptr;
-  static const bool deep = env_switch_on("DEEPINFER_MMA_DEEP");
-  ::di::cuda::launch(deep ? bf16_mma_kernel<NT, F, true> : bf16_mma_kernel<NT, F, false>, grid, kMmaThreads, 0, x,
-                     x_stride, rows_per_group, static_cast<int>(S),
+  ::di::cuda::launch(bf16_mma_kernel<NT, F>, grid, kMmaThreads, 0, x, x_stride, rows_per_group, static_cast<int>(S),
                      wdata(w), F == MmaWeight::kFp8Block ? wscale(w) : nullptr, w.scale_cols, static_cast<int>(w.rows),
                      static_cast<int>(w.cols), static_cast<int>(per_split), skip_zero_lo(), bf16_out, y, partial, counters,
                      x_rope, partial && !fixup ? ActCodesOut{} : codes_out);

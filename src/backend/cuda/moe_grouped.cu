@@ -22,7 +22,6 @@
 #include "backend/cuda/fp4_layout.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/mma_gemm.cuh"
-#include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/moe_elem.cuh"
 #include "backend/cuda/moe_kernels.cuh"
 #include "backend/cuda/moe_select.cuh"
@@ -294,11 +293,19 @@ __global__ void swiglu_quant_kernel(const float* __restrict__ gate, const float*
 }
 
 // out[t, c] = bf16(sum of down[p, c] over t's entries in expert-id order (from 0), + shared[t, c]).
-__global__ void combine_kernel(MoeCombine m, int64_t s, int64_t d, float* __restrict__ out) {
+__global__ void combine_kernel(const float* __restrict__ down, const int32_t* __restrict__ order, int k,
+                               const float* __restrict__ shared, int64_t s, int64_t d, float* __restrict__ out) {
   ::di::cuda::grid_dependency_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= s * d) return;
-  out[i] = moe_combined(m, i / d, i % d, d);
+  const int64_t t = i / d, c = i % d;
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int32_t p = order[t * k + j];
+    if (p < 0) break;
+    acc = __fadd_rn(acc, down[static_cast<int64_t>(p) * d + c]);
+  }
+  out[i] = dq::round_bf16(__fadd_rn(acc, shared[i]));
 }
 
 // CTAs of grouped_fp4_kernel<NT> resident on the whole GPU (for the split planning).
@@ -397,9 +404,10 @@ void swiglu_quant(const float* gate, const float* up, const RouteLists& l, int64
                      scales);
 }
 
-void combine(const MoeCombine& m, int64_t s, int64_t d, float* out) {
+void combine(const float* down, const int32_t* order, int k, const float* shared, int64_t s, int64_t d, float* out) {
   if (s * d == 0) return;
-  ::di::cuda::launch(combine_kernel, blocks_for(s * d, kElemThreads), kElemThreads, 0, m, s, d, out);
+  ::di::cuda::launch(combine_kernel, blocks_for(s * d, kElemThreads), kElemThreads, 0, down, order, k, shared, s, d,
+                     out);
 }
 
 }  // namespace di::cuda::moe

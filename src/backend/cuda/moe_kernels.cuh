@@ -7,10 +7,6 @@
 
 #include "backend/tensor.h"
 
-namespace di::cuda {
-struct MoeCombine;  // moe_combine.cuh
-}
-
 namespace di::cuda::moe {
 
 inline constexpr int kMaxTopK = 32;
@@ -109,8 +105,8 @@ void grouped_fp4_gemm(const GroupedArgs& a, const uint8_t* const* w0, float* y0,
 void swiglu_quant(const float* gate, const float* up, const RouteLists& l, int64_t n_exp, const float* route_w,
                   int64_t n_rows, int64_t inter, float limit, uint8_t* codes, float* scales);
 
-// out[t] = bf16(sum over t's entries in expert-id order of down[p] + shared[t]); rows of d floats (moe_combine.cuh).
-void combine(const MoeCombine& m, int64_t s, int64_t d, float* out);
+// out[t] = bf16(sum over t's entries in expert-id order of down[p] + shared[t]); rows of d floats.
+void combine(const float* down, const int32_t* order, int k, const float* shared, int64_t s, int64_t d, float* out);
 
 // ---- Engram ---------------------------------------------------------------------------------------
 
