@@ -165,8 +165,8 @@ TEST_F(AttentionOps, HcPostPreNormFusedExact) {
   Rng& r = rng();
   for (auto [hc, d, rows, dt] : std::vector<std::tuple<int, int64_t, int64_t, DType>>{
            {4, 5120, 1, DType::kBF16}, {4, 5120, 64, DType::kBF16}, {4, 257, 3, DType::kF32}, {2, 33, 5, DType::kBF16},
-           {8, 1000, 2, DType::kBF16}, {4, 6200, 2, DType::kF32}, {1, 96, 300, DType::kBF16}, {4, 1030, 7, DType::kBF16},
-           {4, 9000, 2, DType::kBF16}, {2, 5, 3, DType::kF32}}) {
+           {8, 1000, 2, DType::kBF16}, {4, 6200, 2, DType::kF32}, {1, 96, 300, DType::kBF16},
+           {4, 1030, 7, DType::kBF16}, {4, 9000, 2, DType::kBF16}, {2, 5, 3, DType::kF32}}) {
     SCOPED_TRACE("hc=" + std::to_string(hc) + " D=" + std::to_string(d) + " rows=" + std::to_string(rows) + " " +
                  dtype_name(dt) + " " + seed_note());
     const int mw = (2 + hc) * hc;

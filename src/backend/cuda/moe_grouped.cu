@@ -372,7 +372,8 @@ void route_fused(const float* logits, const uint8_t* bias, DType bias_dtype, int
                    std::to_string(s) + ", E = " + std::to_string(n_exp) + ", d = " + std::to_string(d));
   DI_CHECK_MSG(top_k >= 1 && top_k <= kMaxTopK && top_k <= n_exp, "moe_route: top_k out of range");
   const ElemType bt = elem_type(bias_dtype, "moe_route bias");
-  const size_t smem = static_cast<size_t>(2 * n_exp) * sizeof(int32_t) + static_cast<size_t>(2 * s * n_exp) * sizeof(float);
+  const size_t smem =  // counts and offsets; scores and biased scores
+      static_cast<size_t>(2 * n_exp) * sizeof(int32_t) + static_cast<size_t>(2 * s * n_exp) * sizeof(float);
   ::di::cuda::launch(route_fused_kernel, 1, kListThreads, smem, logits, bias, bt, static_cast<int>(s),
                      static_cast<int>(n_exp), top_k, route_scale, gate_temp, weights, experts, l, x,
                      static_cast<int>(d), xc, xs);
