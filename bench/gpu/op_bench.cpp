@@ -145,11 +145,13 @@ int main(int argc, char** argv) {
     const char* name;
     di::WeightMode mode;
     int64_t out, in;
+    int groups = 1;  // > 1: Backend::grouped_linear (wo_a: 8 groups of [1024, 4096] over x [S, 8 x 4096])
   };
   const Shape shapes[] = {
       {"attn.wq_a", di::WeightMode::kFp8Block, 1280, 5120},   {"attn.wq_b", di::WeightMode::kFp8Block, 32768, 1280},
       {"attn.wo_b", di::WeightMode::kFp8Block, 5120, 8192},   {"shared.w1", di::WeightMode::kFp8Block, 2304, 5120},
       {"expert.w1", di::WeightMode::kFp4Expert, 2304, 5120},  {"expert.w2", di::WeightMode::kFp4Expert, 5120, 2304},
+      {"attn.wo_a", di::WeightMode::kFp8Block, 8192, 4096, 8},
   };
   const int64_t batches[] = {1, 2, 4, 8, 16, 32, 64};
   std::mt19937_64 rng(12345);
@@ -163,12 +165,20 @@ int main(int argc, char** argv) {
     std::vector<di::Weight> ws(copies, ow.w);
     for (di::Weight& w : ws) be->prepare(w);
     for (int64_t batch : batches) {
-      std::vector<float> x(batch * s.in);
-      for (auto& v : x) v = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 512.0f;
-      di::Tensor xt = be->from_host_f32(x, {batch, s.in});
-      for (int i = 0; i < 3; ++i) be->linear(xt, ws[i % copies]);  // warm-up: workspace sizes, module load
-      const double sec = time_calls(iters, 3, [&](int i) { be->linear(xt, ws[i % copies]); });
-      const double bytes = static_cast<double>(weight_bytes(ow)) + batch * (s.in + s.out) * 4.0;
+      const int64_t in = s.in * s.groups;
+      std::vector<float> x(batch * in);
+      // bf16-valued for the grouped projection, as the attention's output is (its kernel skips the lo MMAs then)
+      for (auto& v : x)
+        v = s.groups > 1 ? static_cast<float>(static_cast<int>(rng() % 255) - 127) / 64.0f
+                         : static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 512.0f;
+      di::Tensor xt = be->from_host_f32(x, {batch, in});
+      const auto call = [&](int i) {
+        if (s.groups > 1) be->grouped_linear(xt, ws[i % copies], s.groups);
+        else be->linear(xt, ws[i % copies]);
+      };
+      for (int i = 0; i < 3; ++i) call(i);  // warm-up: workspace sizes, module load
+      const double sec = time_calls(iters, 3, call);
+      const double bytes = static_cast<double>(weight_bytes(ow)) + batch * (in + s.out) * 4.0;
       report(l2_warm ? "linear_l2" : "linear", s.name, batch, sec, bytes, copy_tbs);
     }
   }
