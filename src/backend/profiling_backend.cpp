@@ -460,7 +460,8 @@ Tensor ProfilingBackend::moe_experts(const Tensor& x, const MoeRoute& route, con
 Tensor ProfilingBackend::moe(const Tensor& x, const Weight& gate, const Weight& bias, int top_k, float route_scale,
                              float gate_temp, const std::vector<ExpertWeights>& experts, const ExpertWeights& shared,
                              float swiglu_limit) {
-  if (mode_ != Mode::kOff) return Backend::moe(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit);
+  if (mode_ != Mode::kOff)
+    return Backend::moe(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit);
   return track(inner_.moe(x, gate, bias, top_k, route_scale, gate_temp, experts, shared, swiglu_limit));
 }
 

@@ -326,10 +326,7 @@ TEST_F(MoeEngramOps, MoeFusedRoutingMatchesSeparateOps) {
 // DEEPINFER_FUSED_CHAINS=0 runs the composition on the same weights and inputs. V4.1's widths and a small
 // set; three rows take neither path's GEMV (the same tiles on both).
 TEST_F(MoeEngramOps, SharedExpertGemvEqualsComposition) {
-  const char* dev = std::getenv("DI_GPU_TEST_BACKEND");
-  setenv("DEEPINFER_FUSED_CHAINS", "0", 1);
-  const std::unique_ptr<Backend> plain = make_backend(dev ? dev : "cuda");
-  unsetenv("DEEPINFER_FUSED_CHAINS");
+  const std::unique_ptr<Backend> plain = backend_with("DEEPINFER_FUSED_CHAINS", "0");
   const int64_t n_exp = 4;
   const int top_k = 2;
   for (auto [inter, hidden] : {std::pair<int64_t, int64_t>{2304, 5120}, {512, 768}}) {

@@ -112,6 +112,19 @@ int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>(blocks_for(n
 // warp per row was latency-bound: 14.4 us at n = 5120 in ncu.
 constexpr int kNormThreads = 256;
 
+// This thread's first kHeld elements of a row and their norm weights (elements t, t + kNormThreads, ...), loaded
+// before the row's sum of squares so that they are in flight beside it (clamped loads: cuda_common.cuh).
+template <DType kD, int kHeld>
+__device__ __forceinline__ void load_held(const float* xr, const uint8_t* w, int64_t n, float (&xv)[kHeld],
+                                          float (&wv)[kHeld]) {
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    const int64_t i = min(static_cast<int64_t>(threadIdx.x + k * kNormThreads), n - 1);
+    xv[k] = xr[i];
+    wv[k] = weight_value<kD>(w, i);
+  }
+}
+
 template <DType kD>
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_kernel(const float* __restrict__ x, int64_t n, const uint8_t* __restrict__ w, float eps,
@@ -120,15 +133,9 @@ __global__ void __launch_bounds__(kNormThreads)
   const int64_t row = blockIdx.x;
   const float* xr = x + row * n;
   float* yr = y + row * n;
-  // This thread's first kHeld elements and weights load before the sum, in flight beside it.
   constexpr int kHeld = 24;  // rows up to 6144 wide need no second pass
   float xv[kHeld], wv[kHeld];
-#pragma unroll
-  for (int k = 0; k < kHeld; ++k) {
-    const int64_t i = min(static_cast<int64_t>(threadIdx.x + k * kNormThreads), n - 1);  // clamped loads: cuda_common.cuh
-    xv[k] = xr[i];
-    wv[k] = weight_value<kD>(w, i);
-  }
+  load_held<kD>(xr, w, n, xv, wv);
   const float inv = cuda::rms_scale(cuda::block_sum_squares_exact<kNormThreads>(xr, n), n, eps);
 #pragma unroll
   for (int k = 0; k < kHeld; ++k) {
@@ -219,15 +226,9 @@ __global__ void __launch_bounds__(kNormThreads)
   const int64_t row = blockIdx.x;
   const float* xr = x + row * n;
   float* yr = y + row * n;
-  // This thread's first kHeld elements and weights load before the sum, in flight beside it (as rmsnorm_kernel).
   constexpr int kHeld = 2;  // rows up to 512 wide (the KV latent) load once
   float xv[kHeld], wv[kHeld];
-#pragma unroll
-  for (int k = 0; k < kHeld; ++k) {
-    const int64_t i = min(static_cast<int64_t>(threadIdx.x + k * kNormThreads), n - 1);  // clamped loads
-    xv[k] = xr[i];
-    wv[k] = weight_value<kD>(w, i);
-  }
+  load_held<kD>(xr, w, n, xv, wv);
   const int64_t p = pos[row];
   const float inv = cuda::rms_scale(cuda::block_sum_squares_exact<kNormThreads>(xr, n), n, eps);
   // A warp's 32 lanes share i & ~31, so they finish together (n % 32 == 0), as the warp-wide quantizer needs.
