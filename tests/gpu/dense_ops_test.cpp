@@ -279,6 +279,14 @@ TEST_F(DenseOps, LinearDecodeShapes) {
   check_linear(*this, WeightMode::kFp4Expert, DType::kI8, 1, 128 * 420, 2560);
 }
 
+// The tensor-core GEMV (fp8_gemv_mma.cu) at every row count it takes (1-8: one and two column tiles): one span
+// (its second warp pair idle), an odd span count, K split over CTAs with a partial last row block, wq_b's K.
+TEST_F(DenseOps, LinearGemvRowCounts) {
+  for (int64_t s = 1; s <= 8; ++s)
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{9, 64}, {203, 192}, {77, 8192}, {130, 1280}})
+      check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, s, n, k);
+}
+
 TEST_F(DenseOps, LinearBf16) {
   for (int64_t s : {1, 3, 17, 130})
     for (auto [n, k] : {std::pair<int64_t, int64_t>{96, 256}, {160, 544}, {33, 100}})
@@ -670,7 +678,7 @@ TEST_F(DenseOps, OutputProjectionCodesExact) {
     int64_t lora, out;
   };
   for (const Case& c : {Case{64, 512, 64, 8, 1024, 1024}, Case{8, 512, 64, 2, 256, 768}, Case{4, 64, 32, 4, 256, 256}})
-    for (int64_t s : {1, 2, 3})
+    for (int64_t s : {1, 2, 3, 8, 9})
       for (int rep = 0; rep < 2; ++rep) {
         const int64_t n = static_cast<int64_t>(c.heads) * c.head_dim, k = n / c.groups, mid = c.groups * c.lora;
         SCOPED_TRACE("output_projection heads=" + std::to_string(c.heads) + " dh=" + std::to_string(c.head_dim) +

@@ -48,8 +48,12 @@ bool quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, b
 // batch-invariant mode): kFp8Block weights with K % 256 == 0, the activation quantized (codes [rows, K],
 // scales [rows, K / 32], as quantize_activation writes them) and staged whole (rows x K x 4 bytes <= 64 KiB).
 // Applies `rope` to the output. fp8_gemv_fits is false with DEEPINFER_FP8_GEMV=0 (A/B measurements).
+// Up to 8 rows with K % 64 == 0 go to the f16 tensor cores instead (fp8_gemv_mma.cu; DEEPINFER_GEMV_MMA=0: off).
 bool fp8_gemv_fits(int64_t rows, const Weight& w);
 void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope);
+bool fp8_gemv_mma_fits(int64_t rows, const Weight& w);
+void fp8_gemv_mma(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y,
+                  const RopeArgs& rope);
 
 // The activation quantizer of quantized_linear: codes [rows, K] E4M3, scales [rows, K/32] as floats.
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);

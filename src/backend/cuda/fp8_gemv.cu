@@ -213,14 +213,21 @@ void launch_gemv_rows(const GemvArgs& a) {
 
 }  // namespace
 
+namespace {
+bool cuda_core_fits(int64_t rows, const Weight& w) {
+  return w.mode == WeightMode::kFp8Block && rows >= 1 && rows <= kMaxRows && w.cols % 256 == 0 &&
+         rows * w.cols * 4 <= kMaxSmem && w.rows < (1LL << 30);
+}
+}  // namespace
+
 bool fp8_gemv_fits(int64_t rows, const Weight& w) {
   static const bool on = env_switch_on("DEEPINFER_FP8_GEMV");
-  return on && w.mode == WeightMode::kFp8Block && rows >= 1 && rows <= kMaxRows && w.cols % 256 == 0 &&
-         rows * w.cols * 4 <= kMaxSmem && w.rows < (1LL << 30);
+  return on && (fp8_gemv_mma_fits(rows, w) || cuda_core_fits(rows, w));
 }
 
 void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope) {
   DI_CHECK(fp8_gemv_fits(rows, w));
+  if (fp8_gemv_mma_fits(rows, w)) return fp8_gemv_mma(codes, scales, rows, w, y, rope);
   const GemvArgs a{codes, scales, wdata(w), wscale(w), w.scale_cols, static_cast<int>(w.rows), static_cast<int>(w.cols),
                    rope, y};
   if (rows == 1) launch_gemv_rows<1>(a);

@@ -1,0 +1,319 @@
+// FP8 block linears of up to 8 rows on the f16 tensor cores (mma.sync m16n8k16): the decode step's GEMVs.
+//
+// Why not fp8_gemv.cu's CUDA-core sums: per weight byte they cost a conversion to f16, one to f32 and an FMA
+// per row, so a second row costs ~23% more time (wq_b 21.5 -> 26.4 us, H100) and weights already in L2 gain
+// only 8%: that kernel is bound by its instructions, not by memory (bench/RESULTS.md). Here a weight byte
+// costs half an F2FP conversion (two codes per instruction); the products and sums run on the tensor cores,
+// for up to 8 rows at the same cost.
+//
+// Layout. A warp streams a unit: 16 weight rows x 64 K (one span, two 32-wide scale blocks). Lane (g, q)
+// (g = lane / 4, q = lane % 4) loads bytes [16 q, 16 q + 16) of the span of rows 2g and 2g + 1, one 16-byte
+// load each; a quad's four lanes read a row's 64 contiguous bytes. The MMA's K order is permuted to fit: in
+// MMA h (0..3) lane q's K slots {2q, 2q + 1, 2q + 8, 2q + 9} are its bytes 4h .. 4h + 3, and A's rows g and
+// g + 8 are weight rows 2g and 2g + 1 (so a RoPE pair ends in one lane). Lanes q = 0, 1 hold the span's first
+// scale block, q = 2, 3 its second; the two blocks are kept apart by B's columns: column 2t + b holds
+// activation row t's values in block b and zeros elsewhere, so C's columns are per-block sums, which the
+// lane scales (weight E8M0 x activation scale, exact powers of two) and adds in fp32. Products of f16 values of
+// E4M3 codes are exact; the tensor core's fp32 sums are in its own order, so the result equals
+// CpuBackend::linear to fp32 summation order (the dense_ops_test bound), not bit for bit.
+//
+// Work. A CTA of 4 warps takes one 32-row scale block (warps 0 / 1: rows 0-15 / 16-31) and a part of K
+// (warps 2, 3 take the part's odd spans); the two span halves meet in shared memory. With K split over
+// `parts` CTAs, the last CTA of a row block to arrive sums the parts in order (split_last_arrival). Each lane
+// keeps kGroup units' loads in flight and re-fills a unit's registers as soon as it has consumed them; the
+// first group is loaded before the PDL wait (weights are never written: pdl_launch.cuh).
+#include <algorithm>
+#include <cstdlib>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_quant.cuh"
+#include "backend/cuda/dense_linear.cuh"
+#include "backend/cuda/gemm_workspace.cuh"
+#include "backend/cuda/pdl_launch.cuh"
+#include "backend/cuda/rope_math.cuh"
+#include "core/env_switch.h"
+
+namespace di::cuda::dense {
+namespace {
+
+constexpr int kThreads = 128;     // 4 warps: 2 row halves x 2 span parities
+constexpr int kBlockRows = 32;    // a CTA's rows: one E8M0 scale row block
+constexpr int kSpan = 64;         // K per unit (two scale blocks)
+constexpr int kGroup = 4;         // units in flight per warp (4 KB)
+constexpr int kMaxRows = 8;       // activation rows: 2 n8 column tiles of (row, block) pairs
+constexpr int kMaxPartSpans = 32; // staged activation per row: 4 KB of f16
+constexpr int kPadHalves = 8;     // staged row stride padding (16 B): rows' reads fall on other banks
+
+struct MmaGemvArgs {
+  const uint8_t* xc;      // [M, K] E4M3 activation codes
+  const float* xs;        // [M, K / 32] their scales
+  const uint8_t* w;       // [N, K] E4M3
+  const uint8_t* wscale;  // [ceil(N / 32), scale_cols] E8M0
+  int64_t scale_cols;
+  int N, K, M;
+  int parts, part_spans;  // part p covers spans [p part_spans, (p + 1) part_spans) of K / 64
+  RopeArgs rope;
+  float* partial;      // [parts, M, N] when parts > 1
+  unsigned* counters;  // [row blocks], zero between launches
+  float* y;            // [M, N], bf16-valued
+};
+
+// One unit's weights in a lane: rows 2g and 2g + 1, 16 bytes each, and the span's two scale bytes.
+struct Unit {
+  uint4 r0, r1;
+  uint32_t sc;  // scale of block 0 | block 1 << 8
+};
+
+struct LaneRows {
+  const uint8_t* r0;  // the lane's 16 bytes of span 0 of row 2g (clamped to a valid row)
+  const uint8_t* r1;
+  const uint8_t* sc;  // the row block's scale of K block 0
+};
+
+__device__ __forceinline__ LaneRows lane_rows(const MmaGemvArgs& a, int row_block, int half) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int row = row_block * kBlockRows + half * 16 + 2 * g;
+  // rows past N read row N - 1: their sums are dropped
+  const int64_t k = a.K;
+  return {a.w + min(row, a.N - 1) * k + 16 * q, a.w + min(row + 1, a.N - 1) * k + 16 * q,
+          a.wscale + static_cast<int64_t>(row_block) * a.scale_cols};
+}
+
+__device__ __forceinline__ Unit load_unit(const LaneRows& lr, int span) {
+  Unit u;
+  u.r0 = __ldg(reinterpret_cast<const uint4*>(lr.r0 + static_cast<int64_t>(span) * kSpan));
+  u.r1 = __ldg(reinterpret_cast<const uint4*>(lr.r1 + static_cast<int64_t>(span) * kSpan));
+  u.sc = static_cast<uint32_t>(__ldg(lr.sc + 2 * span)) | static_cast<uint32_t>(__ldg(lr.sc + 2 * span + 1)) << 8;
+  return u;
+}
+
+struct Work {
+  int row_block, part, half, parity;
+  int s0, s1;   // the CTA's spans
+  int units;    // the warp's: spans s0 + parity, s0 + parity + 2, ... below s1
+};
+
+__device__ __forceinline__ Work work_of(const MmaGemvArgs& a) {
+  Work wk;
+  wk.row_block = blockIdx.x / a.parts;
+  wk.part = blockIdx.x % a.parts;
+  const int warp = threadIdx.x >> 5;
+  wk.half = warp & 1;
+  wk.parity = warp >> 1;
+  wk.s0 = wk.part * a.part_spans;
+  wk.s1 = min(a.K / kSpan, wk.s0 + a.part_spans);
+  wk.units = max(0, (wk.s1 - wk.s0 - wk.parity + 1) / 2);
+  return wk;
+}
+
+struct Group {
+  Unit u[kGroup];
+};
+
+// The first group of the warp's units, loaded before the PDL wait.
+__device__ __forceinline__ Group first_group_then_wait(const MmaGemvArgs& a) {
+  const Work wk = work_of(a);
+  const LaneRows lr = lane_rows(a, wk.row_block, wk.half);
+  Group g = {};
+#pragma unroll
+  for (int i = 0; i < kGroup; ++i)
+    if (i < wk.units) g.u[i] = load_unit(lr, wk.s0 + wk.parity + 2 * i);
+  ::di::cuda::grid_dependency_wait();
+  return g;
+}
+
+// The CTA's part of the activation in shared memory: f16 codes (exact) [M][part spans x 64 + pad] and their
+// scales [M][2 part spans].
+__device__ __forceinline__ void stage_activation(const MmaGemvArgs& a, const Work& wk, __half* xh, float* xsc,
+                                                 int stride) {
+  const int n = (wk.s1 - wk.s0) * kSpan, per_row = n / 8;
+  for (int i = threadIdx.x; i < a.M * per_row; i += kThreads) {
+    const int m = i / per_row, j = i % per_row;
+    const uint2 c = __ldg(reinterpret_cast<const uint2*>(a.xc + static_cast<int64_t>(m) * a.K + wk.s0 * kSpan) + j);
+    const uint32_t u[2] = {c.x, c.y};
+    uint32_t h[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const __half2_raw v =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[p / 2] >> (16 * (p % 2))), __NV_E4M3);
+      h[p] = static_cast<uint32_t>(v.x) | static_cast<uint32_t>(v.y) << 16;
+    }
+    *reinterpret_cast<uint4*>(xh + m * stride + 8 * j) = make_uint4(h[0], h[1], h[2], h[3]);
+  }
+  const int blocks = n / 32;
+  for (int i = threadIdx.x; i < a.M * blocks; i += kThreads) {
+    const int m = i / blocks, b = i % blocks;
+    xsc[i] = __ldg(a.xs + static_cast<int64_t>(m) * (a.K / 32) + 2 * wk.s0 + b);
+  }
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw v = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(v.x) | static_cast<uint32_t>(v.y) << 16;
+}
+
+// d += A (16x16 f16, row) x B (16x8 f16, col), fp32 accumulators.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One unit (span `rel` of the CTA's part) into acc[nt][row]: lane (g, q)'s sums of rows 2g, 2g + 1 for
+// activation row 4 nt + q.
+template <int NT>
+__device__ __forceinline__ void unit_mma(const MmaGemvArgs& a, const Unit& u, int rel, const __half* xh,
+                                         const float* xsc, int stride, float (&acc)[NT][2]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  // B: column g of tile nt is activation row 4 nt + g / 2 in block g % 2; lane q holds block q / 2
+  uint32_t b[NT][8];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int m = 4 * nt + (g >> 1);
+    const bool on = m < a.M && (q >> 1) == (g & 1);
+    const uint4* p = reinterpret_cast<const uint4*>(xh + m * stride + rel * kSpan + 16 * q);
+    const uint4 lo = on ? p[0] : make_uint4(0u, 0u, 0u, 0u), hi = on ? p[1] : make_uint4(0u, 0u, 0u, 0u);
+    b[nt][0] = lo.x, b[nt][1] = lo.y, b[nt][2] = lo.z, b[nt][3] = lo.w;
+    b[nt][4] = hi.x, b[nt][5] = hi.y, b[nt][6] = hi.z, b[nt][7] = hi.w;
+  }
+  float c[NT][4] = {};
+  const uint32_t w0[4] = {u.r0.x, u.r0.y, u.r0.z, u.r0.w}, w1[4] = {u.r1.x, u.r1.y, u.r1.z, u.r1.w};
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    const uint32_t af[4] = {e4m3x2_to_f16x2(w0[h]), e4m3x2_to_f16x2(w1[h]), e4m3x2_to_f16x2(w0[h] >> 16),
+                            e4m3x2_to_f16x2(w1[h] >> 16)};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mma_f16(c[nt], af, b[nt][2 * h], b[nt][2 * h + 1]);
+  }
+  const float sw0 = e8m0_to_float(static_cast<uint8_t>(u.sc)), sw1 = e8m0_to_float(static_cast<uint8_t>(u.sc >> 8));
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int m = min(4 * nt + q, a.M - 1);  // rows past M: sums of zeros, dropped
+    const float2 sx = *reinterpret_cast<const float2*>(xsc + m * 2 * a.part_spans + 2 * rel);
+    const float f0 = __fmul_rn(sw0, sx.x), f1 = __fmul_rn(sw1, sx.y);
+    acc[nt][0] = fmaf(c[nt][1], f1, fmaf(c[nt][0], f0, acc[nt][0]));
+    acc[nt][1] = fmaf(c[nt][3], f1, fmaf(c[nt][2], f0, acc[nt][1]));
+  }
+}
+
+// bf16-rounded sums of rows (row, row + 1) of activation row m, rotated, stored.
+__device__ __forceinline__ void store_pair(const MmaGemvArgs& a, int row, int m, float v0, float v1) {
+  float r0 = dq::round_bf16(v0), r1 = dq::round_bf16(v1);
+  if (a.rope.rope.freqs && row + 1 < a.N) rope_pair(r0, r1, row, a.rope.pos[m], a.rope.rope, false);
+  float* y = a.y + static_cast<int64_t>(m) * a.N;
+  if (row < a.N) y[row] = r0;
+  if (row + 1 < a.N) y[row + 1] = r1;
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kThreads) fp8_gemv_mma_kernel(MmaGemvArgs a) {
+  Group grp = first_group_then_wait(a);
+  Unit(&u)[kGroup] = grp.u;
+  const Work wk = work_of(a);
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int stride = a.part_spans * kSpan + kPadHalves;  // halves per staged row (a multiple of 8)
+  __half* xh = reinterpret_cast<__half*>(smem);
+  float* xsc = reinterpret_cast<float*>(smem + static_cast<size_t>(a.M) * stride * 2);  // [M][2 part_spans]
+  float* red = xsc + a.M * 2 * a.part_spans;                                              // [2][32][M]
+  stage_activation(a, wk, xh, xsc, stride);
+  __syncthreads();
+  const LaneRows lr = lane_rows(a, wk.row_block, wk.half);
+  float acc[NT][2] = {};
+  for (int base = 0; base < wk.units; base += kGroup) {
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      const int n = base + i;
+      if (n >= wk.units) break;
+      const int rel = wk.parity + 2 * n;
+      unit_mma<NT>(a, u[i], rel, xh, xsc, stride, acc);
+      if (n + kGroup < wk.units) u[i] = load_unit(lr, wk.s0 + rel + 2 * kGroup);
+    }
+  }
+  // the two span parities meet: red[parity][row in block][m]
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int m = 4 * nt + q, r = wk.half * 16 + 2 * g;
+    if (m < a.M) {
+      red[(wk.parity * kBlockRows + r) * a.M + m] = acc[nt][0];
+      red[(wk.parity * kBlockRows + r + 1) * a.M + m] = acc[nt][1];
+    }
+  }
+  __syncthreads();
+  const int t = threadIdx.x, pair = t % 16, m = t / 16, r = 2 * pair;  // 16 pairs x M rows <= 128 threads
+  const int row = wk.row_block * kBlockRows + r;
+  float v0 = 0.0f, v1 = 0.0f;
+  if (m < a.M) {
+    v0 = __fadd_rn(red[r * a.M + m], red[(kBlockRows + r) * a.M + m]);
+    v1 = __fadd_rn(red[(r + 1) * a.M + m], red[(kBlockRows + r + 1) * a.M + m]);
+  }
+  if (a.parts == 1) {
+    if (m < a.M) store_pair(a, row, m, v0, v1);
+    return;
+  }
+  float* part = a.partial + (static_cast<int64_t>(wk.part) * a.M + m) * a.N;
+  if (m < a.M) {
+    if (row < a.N) part[row] = v0;
+    if (row + 1 < a.N) part[row + 1] = v1;
+  }
+  if (!split_last_arrival(a.counters + wk.row_block, a.parts) || m >= a.M) return;
+  float s0 = 0.0f, s1 = 0.0f;  // the parts in order, from zero
+  for (int p = 0; p < a.parts; ++p) {
+    const float* pp = a.partial + (static_cast<int64_t>(p) * a.M + m) * a.N;
+    if (row < a.N) s0 = __fadd_rn(s0, __ldcg(pp + row));
+    if (row + 1 < a.N) s1 = __fadd_rn(s1, __ldcg(pp + row + 1));
+  }
+  store_pair(a, row, m, s0, s1);
+}
+
+struct Plan {
+  int parts, part_spans;
+};
+
+// K parts: about `target` spans each (DEEPINFER_GEMV_MMA_SPANS, default 16), at most kMaxPartSpans, halved while
+// the CTAs would not fill two per SM and a part keeps at least 4 spans.
+Plan plan_parts(int64_t row_blocks, int spans) {
+  static const int target = [] {
+    const char* v = std::getenv("DEEPINFER_GEMV_MMA_SPANS");
+    return v && *v ? std::clamp(std::atoi(v), 2, kMaxPartSpans) : 16;
+  }();
+  int ps = std::min(target, spans);
+  while (ps > 4 && row_blocks * ((spans + ps - 1) / ps) < 2LL * sm_count()) ps = (ps + 1) / 2;
+  const int parts = (spans + ps - 1) / ps;
+  return {parts, (spans + parts - 1) / parts};  // balanced: no short last part
+}
+
+}  // namespace
+
+bool fp8_gemv_mma_fits(int64_t rows, const Weight& w) {
+  static const bool on = env_switch_on("DEEPINFER_GEMV_MMA");
+  static const int max_rows = [] {
+    const char* v = std::getenv("DEEPINFER_GEMV_MMA_ROWS");
+    return v && *v ? std::clamp(std::atoi(v), 1, kMaxRows) : kMaxRows;
+  }();
+  return on && w.mode == WeightMode::kFp8Block && rows >= 1 && rows <= max_rows && w.cols % kSpan == 0 &&
+         w.rows < (1LL << 30) && w.cols < (1LL << 30);
+}
+
+void fp8_gemv_mma(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y,
+                  const RopeArgs& rope) {
+  DI_CHECK(fp8_gemv_mma_fits(rows, w));
+  const int64_t row_blocks = (w.rows + kBlockRows - 1) / kBlockRows;
+  const Plan p = plan_parts(row_blocks, static_cast<int>(w.cols / kSpan));
+  MmaGemvArgs a{codes, scales, wdata(w), wscale(w), w.scale_cols, static_cast<int>(w.rows), static_cast<int>(w.cols),
+                static_cast<int>(rows), p.parts, p.part_spans, rope, nullptr, nullptr, y};
+  if (p.parts > 1) {
+    a.partial = workspace_as<float>(Ws::kPartial, static_cast<size_t>(p.parts * rows * w.rows));
+    a.counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(row_blocks));
+  }
+  const int stride = p.part_spans * kSpan + kPadHalves;
+  const size_t smem = static_cast<size_t>(rows) * stride * 2 + static_cast<size_t>(rows) * 2 * p.part_spans * 4 +
+                      2 * kBlockRows * static_cast<size_t>(rows) * 4;
+  const dim3 grid(static_cast<unsigned>(row_blocks * p.parts));
+  if (rows <= 4) ::di::cuda::launch(fp8_gemv_mma_kernel<1>, grid, kThreads, smem, a);
+  else ::di::cuda::launch(fp8_gemv_mma_kernel<2>, grid, kThreads, smem, a);
+}
+
+}  // namespace di::cuda::dense
