@@ -140,10 +140,10 @@ __device__ __forceinline__ void stage_activation(const MmaGemvArgs& a, const Wor
     }
     *reinterpret_cast<uint4*>(xh + m * stride + 8 * j) = make_uint4(h[0], h[1], h[2], h[3]);
   }
-  const int blocks = n / 32;
+  const int blocks = n / 32;  // the part's; rows of xsc hold 2 part_spans (a last part may be shorter)
   for (int i = threadIdx.x; i < a.M * blocks; i += kThreads) {
     const int m = i / blocks, b = i % blocks;
-    xsc[i] = __ldg(a.xs + static_cast<int64_t>(m) * (a.K / 32) + 2 * wk.s0 + b);
+    xsc[m * 2 * a.part_spans + b] = __ldg(a.xs + static_cast<int64_t>(m) * (a.K / 32) + 2 * wk.s0 + b);
   }
 }
 
@@ -272,12 +272,13 @@ struct Plan {
   int parts, part_spans;
 };
 
-// K parts: about `target` spans each (DEEPINFER_GEMV_MMA_SPANS, default 16), at most kMaxPartSpans, halved while
+// K parts: about `target` spans each (DEEPINFER_GEMV_MMA_SPANS, default 32: of 8, 16 and 32, 32 was fastest for
+// every shape of op_bench at 1-8 rows, H100), at most kMaxPartSpans, halved while
 // the CTAs would not fill two per SM and a part keeps at least 4 spans.
 Plan plan_parts(int64_t row_blocks, int spans) {
   static const int target = [] {
     const char* v = std::getenv("DEEPINFER_GEMV_MMA_SPANS");
-    return v && *v ? std::clamp(std::atoi(v), 2, kMaxPartSpans) : 16;
+    return v && *v ? std::clamp(std::atoi(v), 2, kMaxPartSpans) : kMaxPartSpans;
   }();
   int ps = std::min(target, spans);
   while (ps > 4 && row_blocks * ((spans + ps - 1) / ps) < 2LL * sm_count()) ps = (ps + 1) / 2;
