@@ -319,6 +319,7 @@ bool grouped_mma_fits(const float* x, int64_t rows, const Weight& w, int groups)
 
 void grouped_mma_linear(const float* x, int64_t rows, const Weight& w, int groups, float* y) {
   DI_CHECK(grouped_mma_fits(x, rows, w, groups));
+  if (grouped_gemv_mma_fits(x, rows, w, groups)) return grouped_gemv_mma(x, rows, w, groups, {}, y);
   launch<MmaWeight::kFp8Block>(x, w.cols * groups, static_cast<int>(w.rows / groups), rows, w, true, y);
 }
 
@@ -330,6 +331,10 @@ bool grouped_mma_linear_inverse_rope(const float* x, int64_t rows, const Weight&
                                      float* y, const ActCodesOut& codes_out) {
   DI_CHECK(grouped_mma_rope_fits(x, rows, w, groups) && rope.rope.freqs && rope.rope.head_dim % 2 == 0 &&
            rope.rope.rope_dim % 2 == 0 && rope.rope.rope_dim <= rope.rope.head_dim);
+  if (grouped_gemv_mma_fits(x, rows, w, groups)) {
+    grouped_gemv_mma(x, rows, w, groups, rope, y, codes_out);
+    return true;
+  }
   return launch<MmaWeight::kFp8Block>(x, w.cols * groups, static_cast<int>(w.rows / groups), rows, w, true, y, rope,
                                       codes_out);
 }

@@ -54,6 +54,12 @@ void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Wei
 bool fp8_gemv_mma_fits(int64_t rows, const Weight& w);
 void fp8_gemv_mma(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y,
                   const RopeArgs& rope);
+// The same kernel for a block-diagonal grouped linear of float activations (x [rows, G K] staged as f16 hi + lo of
+// x over a power of two per 32-block: 22 bits, bf16 values exactly), optionally x's inverse RoPE while staged and
+// y quantized for the next FP8 linear: wo_a at up to 8 rows (grouped_mma_linear and its inverse-RoPE form take it).
+bool grouped_gemv_mma_fits(const float* x, int64_t rows, const Weight& w, int groups);
+void grouped_gemv_mma(const float* x, int64_t rows, const Weight& w, int groups, const RopeArgs& x_rope, float* y,
+                      const ActCodesOut& codes_out = {});
 
 // The activation quantizer of quantized_linear: codes [rows, K] E4M3, scales [rows, K/32] as floats.
 void quantize_activation(const float* x, int64_t rows, int64_t K, uint8_t* codes, float* scales);

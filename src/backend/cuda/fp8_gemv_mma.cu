@@ -17,6 +17,10 @@
 // E4M3 codes are exact; the tensor core's fp32 sums are in its own order, so the result equals
 // CpuBackend::linear to fp32 summation order (the dense_ops_test bound), not bit for bit.
 //
+// Float activations (wo_a: the attention's output, block-diagonal over 8 groups) are staged as f16 hi + lo of x over
+// a power of two per 32-block (stage_floats) and take the lo MMAs only where some lo is nonzero; the inverse RoPE
+// of wo_a's input and the quantization of its output for wo_b happen while staging and in the epilogue.
+//
 // Work. A CTA of 4 warps takes one 32-row scale block (warps 0 / 1: rows 0-15 / 16-31) and a part of K
 // (warps 2, 3 take the part's odd spans); the two span halves meet in shared memory. With K split over
 // `parts` CTAs, the last CTA of a row block to arrive sums the parts in order (split_last_arrival). Each lane
@@ -45,17 +49,22 @@ constexpr int kMaxPartSpans = 32; // staged activation per row: 4 KB of f16
 constexpr int kPadHalves = 8;     // staged row stride padding (16 B): rows' reads fall on other banks
 
 struct MmaGemvArgs {
-  const uint8_t* xc;      // [M, K] E4M3 activation codes
+  const uint8_t* xc;      // [M, K] E4M3 activation codes (FP8 activations)
   const float* xs;        // [M, K / 32] their scales
+  const float* xf;        // float activations instead: row m of group g at xf + m x_stride + g K
+  int64_t x_stride;
+  int rows_per_group;     // weight rows per group (block-diagonal grouped linears), a multiple of 32
+  RopeArgs x_rope;        // float activations: rotated back (inverse RoPE) while staged
   const uint8_t* w;       // [N, K] E4M3
   const uint8_t* wscale;  // [ceil(N / 32), scale_cols] E8M0
   int64_t scale_cols;
   int N, K, M;
   int parts, part_spans;  // part p covers spans [p part_spans, (p + 1) part_spans) of K / 64
-  RopeArgs rope;
-  float* partial;      // [parts, M, N] when parts > 1
-  unsigned* counters;  // [row blocks], zero between launches
-  float* y;            // [M, N], bf16-valued
+  RopeArgs rope;          // applied to the output
+  ActCodesOut codes_out;  // the output quantized for the next FP8 linear (N % 32 == 0), or none
+  float* partial;         // [parts, M, N] when parts > 1
+  unsigned* counters;     // [row blocks], zero between launches
+  float* y;               // [M, N], bf16-valued
 };
 
 // One unit's weights in a lane: rows 2g and 2g + 1, 16 bytes each, and the span's two scale bytes.
@@ -124,8 +133,8 @@ __device__ __forceinline__ Group first_group_then_wait(const MmaGemvArgs& a) {
 
 // The CTA's part of the activation in shared memory: f16 codes (exact) [M][part spans x 64 + pad] and their
 // scales [M][2 part spans].
-__device__ __forceinline__ void stage_activation(const MmaGemvArgs& a, const Work& wk, __half* xh, float* xsc,
-                                                 int stride) {
+__device__ __forceinline__ void stage_codes(const MmaGemvArgs& a, const Work& wk, __half* xh, float* xsc,
+                                            int stride) {
   const int n = (wk.s1 - wk.s0) * kSpan, per_row = n / 8;
   for (int i = threadIdx.x; i < a.M * per_row; i += kThreads) {
     const int m = i / per_row, j = i % per_row;
@@ -147,6 +156,51 @@ __device__ __forceinline__ void stage_activation(const MmaGemvArgs& a, const Wor
   }
 }
 
+// Float activations (the attention's output for wo_a: bf16 values) as f16 hi + lo of x / s, s a power of two per
+// 32-block that puts the block's largest |x| in [2^14, 2^15): hi + lo hold 22 bits of x / s (bf16 values are
+// exact in hi alone, so lo is zero) and s x (hi + lo) = x up to 2^-22 relative. Optionally x's inverse RoPE
+// first, with rope_kernel's arithmetic (the same bits as rope then this). Returns whether this thread staged a
+// nonzero lo. A thread takes 8 values; a block's 4 threads are consecutive lanes.
+__device__ __forceinline__ bool stage_floats(const MmaGemvArgs& a, const Work& wk, __half* xh, __half* xl,
+                                             float* xsc, int stride) {
+  const int n = (wk.s1 - wk.s0) * kSpan, per_row = n / 8;
+  const int64_t col0 = static_cast<int64_t>(wk.row_block * kBlockRows / a.rows_per_group) * a.K + wk.s0 * kSpan;
+  bool lo_any = false;
+  for (int i = threadIdx.x; i < a.M * per_row; i += kThreads) {
+    const int m = i / per_row, j = i % per_row;
+    const float4* src = reinterpret_cast<const float4*>(a.xf + m * a.x_stride + col0 + 8 * j);
+    const float4 p0 = __ldg(src), p1 = __ldg(src + 1);
+    float v[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+    if (a.x_rope.rope.freqs) {
+      const int64_t pos = a.x_rope.pos[m];
+#pragma unroll
+      for (int p = 0; p < 4; ++p) rope_pair(v[2 * p], v[2 * p + 1], col0 + 8 * j + 2 * p, pos, a.x_rope.rope, true);
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+    amax = fmaxf(amax, __shfl_xor_sync(dq::kFullMask, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(dq::kFullMask, amax, 2));
+    // s = 2^(e(amax) - 14) as biased exponent bits; NaN / inf blocks stay non-finite, zero blocks zero
+    const int ex = static_cast<int>(__float_as_uint(amax) >> 23) & 0xFF, sb = max(ex - 14, 1);
+    const float inv = __uint_as_float(static_cast<uint32_t>(254 - sb) << 23);
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const float u0 = __fmul_rn(v[2 * p], inv), u1 = __fmul_rn(v[2 * p + 1], inv);
+      const __half2 h = __floats2half2_rn(u0, u1);
+      const __half2 l = __floats2half2_rn(__fsub_rn(u0, __low2float(h)), __fsub_rn(u1, __high2float(h)));
+      hi[p] = *reinterpret_cast<const uint32_t*>(&h);
+      lo[p] = *reinterpret_cast<const uint32_t*>(&l);
+      lo_any |= (lo[p] & 0x7FFF7FFFu) != 0u;  // -0 counts as zero
+    }
+    *reinterpret_cast<uint4*>(xh + m * stride + 8 * j) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    *reinterpret_cast<uint4*>(xl + m * stride + 8 * j) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    if (j % 4 == 0) xsc[m * 2 * a.part_spans + j / 4] = __uint_as_float(static_cast<uint32_t>(sb) << 23);
+  }
+  return lo_any;
+}
+
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
   const __half2_raw v = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), __NV_E4M3);
   return static_cast<uint32_t>(v.x) | static_cast<uint32_t>(v.y) << 16;
@@ -163,29 +217,46 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
 
 // One unit (span `rel` of the CTA's part) into acc[nt][row]: lane (g, q)'s sums of rows 2g, 2g + 1 for
 // activation row 4 nt + q.
+// B fragments of tile nt for span `rel`: column g is activation row 4 nt + g / 2 in block g % 2; lane q holds
+// block q / 2, zeros where the column's block is the other one.
 template <int NT>
-__device__ __forceinline__ void unit_mma(const MmaGemvArgs& a, const Unit& u, int rel, const __half* xh,
-                                         const float* xsc, int stride, float (&acc)[NT][2]) {
+__device__ __forceinline__ void load_b(const MmaGemvArgs& a, const __half* x, int rel, int stride,
+                                       uint32_t (&b)[NT][8]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  // B: column g of tile nt is activation row 4 nt + g / 2 in block g % 2; lane q holds block q / 2
-  uint32_t b[NT][8];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int m = 4 * nt + (g >> 1);
     const bool on = m < a.M && (q >> 1) == (g & 1);
-    const uint4* p = reinterpret_cast<const uint4*>(xh + m * stride + rel * kSpan + 16 * q);
-    const uint4 lo = on ? p[0] : make_uint4(0u, 0u, 0u, 0u), hi = on ? p[1] : make_uint4(0u, 0u, 0u, 0u);
-    b[nt][0] = lo.x, b[nt][1] = lo.y, b[nt][2] = lo.z, b[nt][3] = lo.w;
-    b[nt][4] = hi.x, b[nt][5] = hi.y, b[nt][6] = hi.z, b[nt][7] = hi.w;
+    const uint4* p = reinterpret_cast<const uint4*>(x + m * stride + rel * kSpan + 16 * q);
+    const uint4 v0 = on ? p[0] : make_uint4(0u, 0u, 0u, 0u), v1 = on ? p[1] : make_uint4(0u, 0u, 0u, 0u);
+    b[nt][0] = v0.x, b[nt][1] = v0.y, b[nt][2] = v0.z, b[nt][3] = v0.w;
+    b[nt][4] = v1.x, b[nt][5] = v1.y, b[nt][6] = v1.z, b[nt][7] = v1.w;
   }
+}
+
+// xl: the lo halves of float activations, or null.
+template <int NT>
+__device__ __forceinline__ void unit_mma(const MmaGemvArgs& a, const Unit& u, int rel, const __half* xh,
+                                         const __half* xl, const float* xsc, int stride, float (&acc)[NT][2]) {
+  const int lane = threadIdx.x & 31, q = lane & 3;
+  uint32_t b[NT][8];
+  load_b<NT>(a, xh, rel, stride, b);
   float c[NT][4] = {};
   const uint32_t w0[4] = {u.r0.x, u.r0.y, u.r0.z, u.r0.w}, w1[4] = {u.r1.x, u.r1.y, u.r1.z, u.r1.w};
+  uint32_t af[4][4];
 #pragma unroll
   for (int h = 0; h < 4; ++h) {
-    const uint32_t af[4] = {e4m3x2_to_f16x2(w0[h]), e4m3x2_to_f16x2(w1[h]), e4m3x2_to_f16x2(w0[h] >> 16),
-                            e4m3x2_to_f16x2(w1[h] >> 16)};
+    af[h][0] = e4m3x2_to_f16x2(w0[h]), af[h][1] = e4m3x2_to_f16x2(w1[h]);
+    af[h][2] = e4m3x2_to_f16x2(w0[h] >> 16), af[h][3] = e4m3x2_to_f16x2(w1[h] >> 16);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_f16(c[nt], af, b[nt][2 * h], b[nt][2 * h + 1]);
+    for (int nt = 0; nt < NT; ++nt) mma_f16(c[nt], af[h], b[nt][2 * h], b[nt][2 * h + 1]);
+  }
+  if (xl) {  // CTA-uniform
+    load_b<NT>(a, xl, rel, stride, b);
+#pragma unroll
+    for (int h = 0; h < 4; ++h)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma_f16(c[nt], af[h], b[nt][2 * h], b[nt][2 * h + 1]);
   }
   const float sw0 = e8m0_to_float(static_cast<uint8_t>(u.sc)), sw1 = e8m0_to_float(static_cast<uint8_t>(u.sc >> 8));
 #pragma unroll
@@ -207,18 +278,38 @@ __device__ __forceinline__ void store_pair(const MmaGemvArgs& a, int row, int m,
   if (row + 1 < a.N) y[row + 1] = r1;
 }
 
-template <int NT>
+// The finishing CTA's outputs of its row block quantized for the next FP8 linear: warp w takes activation rows
+// w, w + 4, ..., act_quant_kernel's quantizer on 32 outputs (the same bits as quantize_activation over y).
+__device__ __forceinline__ void quantize_block(const MmaGemvArgs& a, int row_block) {
+  __syncthreads();  // the block's y, written by the CTA's threads
+  const int lane = threadIdx.x & 31;
+  for (int m = threadIdx.x >> 5; m < a.M; m += kThreads / 32) {
+    const int64_t at = static_cast<int64_t>(m) * a.N + row_block * kBlockRows + lane;
+    float scale;
+    a.codes_out.codes[at] = dq::act_quant_lane(__ldcg(a.y + at), scale);
+    if (lane == 0) a.codes_out.scales[at / 32] = scale;
+  }
+}
+
+// kFloatX: float activations (stage_floats), else FP8 codes (stage_codes).
+template <int NT, bool kFloatX>
 __global__ void __launch_bounds__(kThreads) fp8_gemv_mma_kernel(MmaGemvArgs a) {
   Group grp = first_group_then_wait(a);
   Unit(&u)[kGroup] = grp.u;
   const Work wk = work_of(a);
   extern __shared__ __align__(16) unsigned char smem[];
   const int stride = a.part_spans * kSpan + kPadHalves;  // halves per staged row (a multiple of 8)
+  const int halves = a.M * stride;
   __half* xh = reinterpret_cast<__half*>(smem);
-  float* xsc = reinterpret_cast<float*>(smem + static_cast<size_t>(a.M) * stride * 2);  // [M][2 part_spans]
-  float* red = xsc + a.M * 2 * a.part_spans;                                              // [2][32][M]
-  stage_activation(a, wk, xh, xsc, stride);
-  __syncthreads();
+  __half* xl = kFloatX ? xh + halves : nullptr;
+  float* xsc = reinterpret_cast<float*>(xh + (kFloatX ? 2 : 1) * halves);  // [M][2 part_spans]
+  float* red = xsc + a.M * 2 * a.part_spans;                               // [2][32][M]
+  if constexpr (kFloatX) {
+    if (!__syncthreads_or(stage_floats(a, wk, xh, xl, xsc, stride))) xl = nullptr;  // bf16 values: no lo MMAs
+  } else {
+    stage_codes(a, wk, xh, xsc, stride);
+    __syncthreads();
+  }
   const LaneRows lr = lane_rows(a, wk.row_block, wk.half);
   float acc[NT][2] = {};
   for (int base = 0; base < wk.units; base += kGroup) {
@@ -227,7 +318,7 @@ __global__ void __launch_bounds__(kThreads) fp8_gemv_mma_kernel(MmaGemvArgs a) {
       const int n = base + i;
       if (n >= wk.units) break;
       const int rel = wk.parity + 2 * n;
-      unit_mma<NT>(a, u[i], rel, xh, xsc, stride, acc);
+      unit_mma<NT>(a, u[i], rel, xh, xl, xsc, stride, acc);
       if (n + kGroup < wk.units) u[i] = load_unit(lr, wk.s0 + rel + 2 * kGroup);
     }
   }
@@ -249,23 +340,22 @@ __global__ void __launch_bounds__(kThreads) fp8_gemv_mma_kernel(MmaGemvArgs a) {
     v0 = __fadd_rn(red[r * a.M + m], red[(kBlockRows + r) * a.M + m]);
     v1 = __fadd_rn(red[(r + 1) * a.M + m], red[(kBlockRows + r + 1) * a.M + m]);
   }
-  if (a.parts == 1) {
-    if (m < a.M) store_pair(a, row, m, v0, v1);
-    return;
+  if (a.parts > 1) {
+    float* part = a.partial + (static_cast<int64_t>(wk.part) * a.M + m) * a.N;
+    if (m < a.M) {
+      if (row < a.N) part[row] = v0;
+      if (row + 1 < a.N) part[row + 1] = v1;
+    }
+    if (!split_last_arrival(a.counters + wk.row_block, a.parts)) return;
+    v0 = 0.0f, v1 = 0.0f;  // the parts in order, from zero
+    for (int p = 0; m < a.M && p < a.parts; ++p) {
+      const float* pp = a.partial + (static_cast<int64_t>(p) * a.M + m) * a.N;
+      if (row < a.N) v0 = __fadd_rn(v0, __ldcg(pp + row));
+      if (row + 1 < a.N) v1 = __fadd_rn(v1, __ldcg(pp + row + 1));
+    }
   }
-  float* part = a.partial + (static_cast<int64_t>(wk.part) * a.M + m) * a.N;
-  if (m < a.M) {
-    if (row < a.N) part[row] = v0;
-    if (row + 1 < a.N) part[row + 1] = v1;
-  }
-  if (!split_last_arrival(a.counters + wk.row_block, a.parts) || m >= a.M) return;
-  float s0 = 0.0f, s1 = 0.0f;  // the parts in order, from zero
-  for (int p = 0; p < a.parts; ++p) {
-    const float* pp = a.partial + (static_cast<int64_t>(p) * a.M + m) * a.N;
-    if (row < a.N) s0 = __fadd_rn(s0, __ldcg(pp + row));
-    if (row + 1 < a.N) s1 = __fadd_rn(s1, __ldcg(pp + row + 1));
-  }
-  store_pair(a, row, m, s0, s1);
+  if (m < a.M) store_pair(a, row, m, v0, v1);
+  if (a.codes_out.codes) quantize_block(a, wk.row_block);
 }
 
 struct Plan {
@@ -298,23 +388,60 @@ bool fp8_gemv_mma_fits(int64_t rows, const Weight& w) {
          w.rows < (1LL << 30) && w.cols < (1LL << 30);
 }
 
-void fp8_gemv_mma(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y,
-                  const RopeArgs& rope) {
-  DI_CHECK(fp8_gemv_mma_fits(rows, w));
+namespace {
+
+// Plans K, fills the split buffers and launches; a's activation fields are set by the caller.
+template <bool kFloatX>
+void launch_mma_gemv(MmaGemvArgs a, int64_t rows, const Weight& w) {
   const int64_t row_blocks = (w.rows + kBlockRows - 1) / kBlockRows;
   const Plan p = plan_parts(row_blocks, static_cast<int>(w.cols / kSpan));
-  MmaGemvArgs a{codes, scales, wdata(w), wscale(w), w.scale_cols, static_cast<int>(w.rows), static_cast<int>(w.cols),
-                static_cast<int>(rows), p.parts, p.part_spans, rope, nullptr, nullptr, y};
+  a.w = wdata(w), a.wscale = wscale(w), a.scale_cols = w.scale_cols;
+  a.N = static_cast<int>(w.rows), a.K = static_cast<int>(w.cols), a.M = static_cast<int>(rows);
+  a.parts = p.parts, a.part_spans = p.part_spans;
   if (p.parts > 1) {
     a.partial = workspace_as<float>(Ws::kPartial, static_cast<size_t>(p.parts * rows * w.rows));
     a.counters = workspace_as<unsigned>(Ws::kCounters, static_cast<size_t>(row_blocks));
   }
   const int stride = p.part_spans * kSpan + kPadHalves;
-  const size_t smem = static_cast<size_t>(rows) * stride * 2 + static_cast<size_t>(rows) * 2 * p.part_spans * 4 +
-                      2 * kBlockRows * static_cast<size_t>(rows) * 4;
+  const size_t smem = static_cast<size_t>(rows) * stride * 2 * (kFloatX ? 2 : 1) +
+                      static_cast<size_t>(rows) * 2 * p.part_spans * 4 + 2 * kBlockRows * static_cast<size_t>(rows) * 4;
   const dim3 grid(static_cast<unsigned>(row_blocks * p.parts));
-  if (rows <= 4) ::di::cuda::launch(fp8_gemv_mma_kernel<1>, grid, kThreads, smem, a);
-  else ::di::cuda::launch(fp8_gemv_mma_kernel<2>, grid, kThreads, smem, a);
+  const auto go = [&](auto kernel) {
+    if (smem > 48 * 1024) {
+      static const bool set = [&] {
+        DI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
+        return true;
+      }();
+      (void)set;
+    }
+    ::di::cuda::launch(kernel, grid, kThreads, smem, a);
+  };
+  if (rows <= 4) go(fp8_gemv_mma_kernel<1, kFloatX>);
+  else go(fp8_gemv_mma_kernel<2, kFloatX>);
+}
+
+}  // namespace
+
+void fp8_gemv_mma(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y,
+                  const RopeArgs& rope) {
+  DI_CHECK(fp8_gemv_mma_fits(rows, w));
+  MmaGemvArgs a{};
+  a.xc = codes, a.xs = scales, a.rope = rope, a.y = y;
+  launch_mma_gemv<false>(a, rows, w);
+}
+
+bool grouped_gemv_mma_fits(const float* x, int64_t rows, const Weight& w, int groups) {
+  return fp8_gemv_mma_fits(rows, w) && groups > 0 && w.rows % groups == 0 && (w.rows / groups) % kBlockRows == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
+void grouped_gemv_mma(const float* x, int64_t rows, const Weight& w, int groups, const RopeArgs& x_rope, float* y,
+                      const ActCodesOut& codes_out) {
+  DI_CHECK(grouped_gemv_mma_fits(x, rows, w, groups) && (!codes_out.codes || w.rows % 32 == 0));
+  MmaGemvArgs a{};
+  a.xf = x, a.x_stride = w.cols * groups, a.rows_per_group = static_cast<int>(w.rows / groups), a.x_rope = x_rope;
+  a.codes_out = codes_out, a.y = y;
+  launch_mma_gemv<true>(a, rows, w);
 }
 
 }  // namespace di::cuda::dense
