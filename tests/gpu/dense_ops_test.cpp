@@ -265,26 +265,30 @@ TEST_F(DenseOps, LinearFp4ExpertFast) {
 // Decode batches at long K (split across CTAs), every token-tile width (1, 2, 4, 8 n8 tiles), a
 // partial last tile of 64 tokens, and row counts that leave warps and CTAs partly empty.
 TEST_F(DenseOps, LinearDecodeShapes) {
-  for (int64_t s : {1, 2, 9, 24, 64, 65}) {
-    check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, s, 1000, 4096);
-    check_linear(*this, WeightMode::kFp4Expert, DType::kI8, s, 520, 4096);
-  }
-  check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, 3, 32768 / 16, 1280);
-  // one row at the V4.1 widths and K not a multiple of 512 bytes, row counts that leave a warp's
-  // 32-row tile partial
-  for (auto [n, k] : {std::pair<int64_t, int64_t>{77, 8192}, {203, 2304}, {130, 1280}, {61, 480}, {9, 160}})
-    check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, 1, n, k);
-  // more row blocks than resident CTAs (no K split) and K longer than one staged activation chunk
-  check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, 2, 128 * 420, 2560);
-  check_linear(*this, WeightMode::kFp4Expert, DType::kI8, 1, 128 * 420, 2560);
+  gputest::with_and_without_gemv_mma([&] {
+    for (int64_t s : {1, 2, 9, 24, 64, 65}) {
+      check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, s, 1000, 4096);
+      check_linear(*this, WeightMode::kFp4Expert, DType::kI8, s, 520, 4096);
+    }
+    check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, 3, 32768 / 16, 1280);
+    // one row at the V4.1 widths and K not a multiple of 512 bytes, row counts that leave a warp's
+    // 32-row tile partial
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{77, 8192}, {203, 2304}, {130, 1280}, {61, 480}, {9, 160}})
+      check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, 1, n, k);
+    // more row blocks than resident CTAs (no K split) and K longer than one staged activation chunk
+    check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, 2, 128 * 420, 2560);
+    check_linear(*this, WeightMode::kFp4Expert, DType::kI8, 1, 128 * 420, 2560);
+  });
 }
 
-// The tensor-core GEMV (fp8_gemv_mma.cu) at every row count it takes (1-8: one and two column tiles): one span
-// (its second warp pair idle), an odd span count, K split over CTAs with a partial last row block, wq_b's K.
+// The tensor-core GEMV (fp8_gemv_mma.cu, opt-in) at every row count it takes (1-8: one and two column tiles): one
+// span (its second warp pair idle), an odd span count, K split over CTAs with a partial last row block, wq_b's K.
 TEST_F(DenseOps, LinearGemvRowCounts) {
-  for (int64_t s = 1; s <= 8; ++s)
-    for (auto [n, k] : {std::pair<int64_t, int64_t>{9, 64}, {203, 192}, {77, 8192}, {130, 1280}})
-      check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, s, n, k);
+  gputest::with_and_without_gemv_mma([&] {
+    for (int64_t s = 1; s <= 8; ++s)
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{9, 64}, {203, 192}, {77, 8192}, {130, 1280}})
+        check_linear(*this, WeightMode::kFp8Block, DType::kF8E4M3, s, n, k);
+  });
 }
 
 TEST_F(DenseOps, LinearBf16) {
@@ -384,17 +388,19 @@ void check_grouped_linear(DenseOps& t, int64_t s, int groups, int64_t rpg, int64
 }
 
 TEST_F(DenseOps, GroupedLinear) {
-  for (int64_t s : {1, 3, 17, 130})
-    for (auto [groups, rpg, k] : {std::tuple<int, int64_t, int64_t>{4, 48, 96}, {8, 16, 256}, {2, 40, 544}})
-      check_grouped_linear(*this, s, groups, rpg, k);
-  // the tensor-core path (R % 256 == 0): token-tile widths, a partial 64-token tile, wo_a's shape
-  for (int64_t s : {1, 2, 9, 24, 65}) check_grouped_linear(*this, s, 2, 256, 512);
-  check_grouped_linear(*this, 64, 8, 1024, 4096);
-  // wo_a at decode sizes: 8 K splits summed by each tile's last CTA (tokens x splits <= 32)
-  for (int64_t s : {1, 3}) check_grouped_linear(*this, s, 8, 1024, 4096);
-  // lo MMAs skipped per chunk and token tile: fp32 values in part of one row
-  for (int64_t s : {1, 9, 65}) check_grouped_linear(*this, s, 2, 256, 512, true);
-  check_grouped_linear(*this, 64, 8, 1024, 4096, true);
+  gputest::with_and_without_gemv_mma([&] {
+    for (int64_t s : {1, 3, 17, 130})
+      for (auto [groups, rpg, k] : {std::tuple<int, int64_t, int64_t>{4, 48, 96}, {8, 16, 256}, {2, 40, 544}})
+        check_grouped_linear(*this, s, groups, rpg, k);
+    // the tensor-core path (R % 256 == 0): token-tile widths, a partial 64-token tile, wo_a's shape
+    for (int64_t s : {1, 2, 9, 24, 65}) check_grouped_linear(*this, s, 2, 256, 512);
+    check_grouped_linear(*this, 64, 8, 1024, 4096);
+    // wo_a at decode sizes: 8 K splits summed by each tile's last CTA (tokens x splits <= 32)
+    for (int64_t s : {1, 3}) check_grouped_linear(*this, s, 8, 1024, 4096);
+    // lo MMAs skipped per chunk and token tile: fp32 values in part of one row
+    for (int64_t s : {1, 9, 65}) check_grouped_linear(*this, s, 2, 256, 512, true);
+    check_grouped_linear(*this, 64, 8, 1024, 4096, true);
+  });
 }
 
 TEST_F(DenseOps, EmbedBitExact) {
@@ -603,100 +609,108 @@ TEST_F(DenseOps, RopeQdqFusedExact) {
 // fully rotated head; every token-tile width; a K split across CTAs at one row (the rotation after the
 // split sums); without the norm, with it, and with the normalized rows returned (the indexer's input).
 TEST_F(DenseOps, LinearRopeFusedExact) {
-  struct Case {
-    WeightMode mode;
-    DType dtype;
-    int heads, head_dim, rope_dim;
-    int64_t k;
-  };
-  const Case cases[] = {{WeightMode::kFp8Block, DType::kF8E4M3, 4, 512, 64, 1280},
-                        {WeightMode::kFp8Block, DType::kF8E4M3, 3, 96, 32, 544},
-                        {WeightMode::kFp4Expert, DType::kI8, 2, 64, 64, 256},
-                        {WeightMode::kFp8Block, DType::kF8E4M3, 2, 128, 64, 8192}};
-  for (const Case& c : cases)
-    for (int64_t s : {1, 2, 3, 9, 24, 64, 65})
-      for (int norm_mode = 0; norm_mode < 3; ++norm_mode) {  // none, norm, norm + normed rows
-        const int64_t n = static_cast<int64_t>(c.heads) * c.head_dim;
-        SCOPED_TRACE(std::string("linear_rope ") + weight_mode_name(c.mode) + " heads=" + std::to_string(c.heads) +
-                     " dh=" + std::to_string(c.head_dim) + " rd=" + std::to_string(c.rope_dim) + " K=" +
-                     std::to_string(c.k) + " S=" + std::to_string(s) + " norm mode " + std::to_string(norm_mode));
-        OwnedWeight w = make_weight(rng(), c.mode, c.dtype, n, c.k, *gpu);
-        OwnedWeight nw = gputest::random_bf16_weight(rng(), 1, c.k, *gpu, 0.1f, WeightMode::kF32, 1.0f);
-        const RopeTable table = random_rope_table(rng(), c.rope_dim);
-        const std::vector<int64_t> pos = random_positions(rng(), s);
-        const Tensor x = gpu->from_host_f32(random_activation(rng(), s, c.k), {s, c.k});
-        Tensor normed;
-        Backend::InputNorm norm;
-        if (norm_mode > 0) norm = {&nw.w, 1e-6f, norm_mode == 2 ? &normed : nullptr};
-        const Tensor fused = gpu->linear_rope(x, w.w, c.heads, c.head_dim, c.rope_dim, pos, table, norm);
-        const Tensor in = norm_mode > 0 ? gpu->rmsnorm(x, nw.w, 1e-6f) : x;
-        Tensor steps = gpu->linear(in, w.w);
-        gpu->rope(steps, c.heads, c.head_dim, c.rope_dim, pos, table, false);
-        const Compare cmp = compare(gpu->to_host_f32(fused), gpu->to_host_f32(steps));
-        EXPECT_EQ(cmp.mismatches, 0) << cmp.str() << ", " << seed_note();
-        if (norm_mode == 2) {
-          const Compare cn = compare(gpu->to_host_f32(normed), gpu->to_host_f32(in));
-          EXPECT_EQ(cn.mismatches, 0) << "normed rows: " << cn.str() << ", " << seed_note();
+  gputest::with_and_without_gemv_mma([&] {
+    struct Case {
+      WeightMode mode;
+      DType dtype;
+      int heads, head_dim, rope_dim;
+      int64_t k;
+    };
+    const Case cases[] = {{WeightMode::kFp8Block, DType::kF8E4M3, 4, 512, 64, 1280},
+                          {WeightMode::kFp8Block, DType::kF8E4M3, 3, 96, 32, 544},
+                          {WeightMode::kFp4Expert, DType::kI8, 2, 64, 64, 256},
+                          {WeightMode::kFp8Block, DType::kF8E4M3, 2, 128, 64, 8192}};
+    for (const Case& c : cases)
+      for (int64_t s : {1, 2, 3, 9, 24, 64, 65})
+        for (int norm_mode = 0; norm_mode < 3; ++norm_mode) {  // none, norm, norm + normed rows
+          const int64_t n = static_cast<int64_t>(c.heads) * c.head_dim;
+          SCOPED_TRACE(std::string("linear_rope ") + weight_mode_name(c.mode) + " heads=" + std::to_string(c.heads) +
+                       " dh=" + std::to_string(c.head_dim) + " rd=" + std::to_string(c.rope_dim) + " K=" +
+                       std::to_string(c.k) + " S=" + std::to_string(s) + " norm mode " + std::to_string(norm_mode));
+          OwnedWeight w = make_weight(rng(), c.mode, c.dtype, n, c.k, *gpu);
+          OwnedWeight nw = gputest::random_bf16_weight(rng(), 1, c.k, *gpu, 0.1f, WeightMode::kF32, 1.0f);
+          const RopeTable table = random_rope_table(rng(), c.rope_dim);
+          const std::vector<int64_t> pos = random_positions(rng(), s);
+          const Tensor x = gpu->from_host_f32(random_activation(rng(), s, c.k), {s, c.k});
+          Tensor normed;
+          Backend::InputNorm norm;
+          if (norm_mode > 0) norm = {&nw.w, 1e-6f, norm_mode == 2 ? &normed : nullptr};
+          const Tensor fused = gpu->linear_rope(x, w.w, c.heads, c.head_dim, c.rope_dim, pos, table, norm);
+          const Tensor in = norm_mode > 0 ? gpu->rmsnorm(x, nw.w, 1e-6f) : x;
+          Tensor steps = gpu->linear(in, w.w);
+          gpu->rope(steps, c.heads, c.head_dim, c.rope_dim, pos, table, false);
+          const Compare cmp = compare(gpu->to_host_f32(fused), gpu->to_host_f32(steps));
+          EXPECT_EQ(cmp.mismatches, 0) << cmp.str() << ", " << seed_note();
+          if (norm_mode == 2) {
+            const Compare cn = compare(gpu->to_host_f32(normed), gpu->to_host_f32(in));
+            EXPECT_EQ(cn.mismatches, 0) << "normed rows: " << cn.str() << ", " << seed_note();
+          }
         }
-      }
+  });
 }
 
 // inverse_rope_grouped_linear (wo_a: the attention output's inverse RoPE applied while the tensor-core
 // kernel stages it) against rope then grouped_linear on the GPU, bit for bit: the V4.1 head (512 wide,
 // 64 rotated) and narrower heads, rows 1 .. 8 (fused) and 9, 24 (the separate ops).
 TEST_F(DenseOps, InverseRopeGroupedLinearFusedExact) {
-  struct Case {
-    int heads, head_dim, rope_dim, groups;
-  };
-  for (const Case& c : {Case{8, 512, 64, 2}, Case{16, 96, 32, 4}, Case{4, 128, 128, 1}})
-    for (int64_t s : {1, 2, 5, 8, 9, 24}) {
-      const int64_t n = static_cast<int64_t>(c.heads) * c.head_dim, k = n / c.groups;
-      SCOPED_TRACE("inverse_rope_grouped_linear heads=" + std::to_string(c.heads) + " dh=" + std::to_string(c.head_dim) +
-                   " rd=" + std::to_string(c.rope_dim) + " G=" + std::to_string(c.groups) + " S=" + std::to_string(s));
-      OwnedWeight w = uniform_fp8_weight(rng(), c.groups * 256, k, *gpu);
-      const RopeTable table = random_rope_table(rng(), c.rope_dim);
-      const std::vector<int64_t> pos = random_positions(rng(), s);
-      std::vector<float> xv = random_activation(rng(), s, n);
-      for (float& v : xv) v = quant::round_bf16(v);  // the attention's output is bf16
-      const Tensor fused = gpu->inverse_rope_grouped_linear(gpu->from_host_f32(xv, {s, n}), w.w, c.groups, c.heads,
-                                                            c.head_dim, c.rope_dim, pos, table);
-      Tensor steps = gpu->from_host_f32(xv, {s, n});
-      gpu->rope(steps, c.heads, c.head_dim, c.rope_dim, pos, table, true);
-      const Tensor want = gpu->grouped_linear(steps, w.w, c.groups);
-      const Compare cmp = compare(gpu->to_host_f32(fused), gpu->to_host_f32(want));
-      EXPECT_EQ(cmp.mismatches, 0) << cmp.str() << ", " << seed_note();
-    }
-}
-
-// output_projection (wo_a's tiles quantized by the CTAs that finish them, into wo_b's GEMV) gives the two ops' bits:
-// V4.1's shapes (wo_a split over K, its tiles finished by the fix-up), a small set, and a single-chunk K (no split:
-// every CTA finishes its own tile); one, two and three rows (three: the ops' own path); run twice, so that the
-// arrival counters are seen to be left zero.
-TEST_F(DenseOps, OutputProjectionCodesExact) {
-  struct Case {
-    int heads, head_dim, rope_dim, groups;
-    int64_t lora, out;
-  };
-  for (const Case& c : {Case{64, 512, 64, 8, 1024, 1024}, Case{8, 512, 64, 2, 256, 768}, Case{4, 64, 32, 4, 256, 256}})
-    for (int64_t s : {1, 2, 3, 8, 9})
-      for (int rep = 0; rep < 2; ++rep) {
-        const int64_t n = static_cast<int64_t>(c.heads) * c.head_dim, k = n / c.groups, mid = c.groups * c.lora;
-        SCOPED_TRACE("output_projection heads=" + std::to_string(c.heads) + " dh=" + std::to_string(c.head_dim) +
-                     " G=" + std::to_string(c.groups) + " S=" + std::to_string(s) + " rep " + std::to_string(rep));
-        OwnedWeight wa = uniform_fp8_weight(rng(), mid, k, *gpu);
-        OwnedWeight wb = make_weight(rng(), WeightMode::kFp8Block, DType::kF8E4M3, c.out, mid, *gpu);
+  gputest::with_and_without_gemv_mma([&] {
+    struct Case {
+      int heads, head_dim, rope_dim, groups;
+    };
+    for (const Case& c : {Case{8, 512, 64, 2}, Case{16, 96, 32, 4}, Case{4, 128, 128, 1}})
+      for (int64_t s : {1, 2, 5, 8, 9, 24}) {
+        const int64_t n = static_cast<int64_t>(c.heads) * c.head_dim, k = n / c.groups;
+        SCOPED_TRACE("inverse_rope_grouped_linear heads=" + std::to_string(c.heads) + " dh=" +
+                     std::to_string(c.head_dim) + " rd=" + std::to_string(c.rope_dim) + " G=" +
+                     std::to_string(c.groups) + " S=" + std::to_string(s));
+        OwnedWeight w = uniform_fp8_weight(rng(), c.groups * 256, k, *gpu);
         const RopeTable table = random_rope_table(rng(), c.rope_dim);
         const std::vector<int64_t> pos = random_positions(rng(), s);
         std::vector<float> xv = random_activation(rng(), s, n);
         for (float& v : xv) v = quant::round_bf16(v);  // the attention's output is bf16
-        const Tensor fused = gpu->output_projection(gpu->from_host_f32(xv, {s, n}), wa.w, c.groups, c.heads,
-                                                    c.head_dim, c.rope_dim, pos, table, wb.w);
-        const Tensor z = gpu->inverse_rope_grouped_linear(gpu->from_host_f32(xv, {s, n}), wa.w, c.groups, c.heads,
-                                                          c.head_dim, c.rope_dim, pos, table);
-        const Tensor want = gpu->linear(z, wb.w);
+        const Tensor fused = gpu->inverse_rope_grouped_linear(gpu->from_host_f32(xv, {s, n}), w.w, c.groups, c.heads,
+                                                              c.head_dim, c.rope_dim, pos, table);
+        Tensor steps = gpu->from_host_f32(xv, {s, n});
+        gpu->rope(steps, c.heads, c.head_dim, c.rope_dim, pos, table, true);
+        const Tensor want = gpu->grouped_linear(steps, w.w, c.groups);
         const Compare cmp = compare(gpu->to_host_f32(fused), gpu->to_host_f32(want));
         EXPECT_EQ(cmp.mismatches, 0) << cmp.str() << ", " << seed_note();
       }
+  });
+}
+
+// output_projection (wo_a's tiles quantized by the CTAs that finish them, into wo_b's GEMV) gives the two ops' bits:
+// V4.1's shapes (wo_a split over K, its tiles finished by the fix-up), a small set, and a single-chunk K (no split:
+// every CTA finishes its own tile); 1, 2, 3, 8 and 9 rows (9, and 3 and 8 without the tensor-core GEMV: the ops' own
+// path); run twice, so that the arrival counters are seen to be left zero.
+TEST_F(DenseOps, OutputProjectionCodesExact) {
+  gputest::with_and_without_gemv_mma([&] {
+    struct Case {
+      int heads, head_dim, rope_dim, groups;
+      int64_t lora, out;
+    };
+    for (const Case& c :
+         {Case{64, 512, 64, 8, 1024, 1024}, Case{8, 512, 64, 2, 256, 768}, Case{4, 64, 32, 4, 256, 256}})
+      for (int64_t s : {1, 2, 3, 8, 9})
+        for (int rep = 0; rep < 2; ++rep) {
+          const int64_t n = static_cast<int64_t>(c.heads) * c.head_dim, k = n / c.groups, mid = c.groups * c.lora;
+          SCOPED_TRACE("output_projection heads=" + std::to_string(c.heads) + " dh=" + std::to_string(c.head_dim) +
+                       " G=" + std::to_string(c.groups) + " S=" + std::to_string(s) + " rep " + std::to_string(rep));
+          OwnedWeight wa = uniform_fp8_weight(rng(), mid, k, *gpu);
+          OwnedWeight wb = make_weight(rng(), WeightMode::kFp8Block, DType::kF8E4M3, c.out, mid, *gpu);
+          const RopeTable table = random_rope_table(rng(), c.rope_dim);
+          const std::vector<int64_t> pos = random_positions(rng(), s);
+          std::vector<float> xv = random_activation(rng(), s, n);
+          for (float& v : xv) v = quant::round_bf16(v);  // the attention's output is bf16
+          const Tensor fused = gpu->output_projection(gpu->from_host_f32(xv, {s, n}), wa.w, c.groups, c.heads,
+                                                      c.head_dim, c.rope_dim, pos, table, wb.w);
+          const Tensor z = gpu->inverse_rope_grouped_linear(gpu->from_host_f32(xv, {s, n}), wa.w, c.groups, c.heads,
+                                                            c.head_dim, c.rope_dim, pos, table);
+          const Tensor want = gpu->linear(z, wb.w);
+          const Compare cmp = compare(gpu->to_host_f32(fused), gpu->to_host_f32(want));
+          EXPECT_EQ(cmp.mismatches, 0) << cmp.str() << ", " << seed_note();
+        }
+  });
 }
 
 TEST_F(DenseOps, RmsnormRopeQdqFusedExact) {

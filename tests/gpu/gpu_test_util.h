@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/gemv_mma_switch.h"
 #include "model/quant.h"
 
 namespace di::gputest {
@@ -305,6 +306,18 @@ inline std::unique_ptr<Backend> backend_with(const char* name, const char* value
   std::unique_ptr<Backend> b = make_backend(dev ? dev : "cuda");
   unsetenv(name);
   return b;
+}
+
+// Runs `body` with the tensor-core GEMV (fp8_gemv_mma.cu, opt-in) off, then on for every row count it takes.
+template <class F>
+void with_and_without_gemv_mma(F body) {
+  const int saved = cuda::dense::gemv_mma_max_rows();
+  for (int rows : {0, 8}) {
+    SCOPED_TRACE(rows ? "tensor-core GEMV on" : "tensor-core GEMV off");
+    cuda::dense::set_gemv_mma_max_rows(rows);
+    body();
+  }
+  cuda::dense::set_gemv_mma_max_rows(saved);
 }
 
 // ---- fixture --------------------------------------------------------------------------------------

@@ -326,30 +326,32 @@ TEST_F(MoeEngramOps, MoeFusedRoutingMatchesSeparateOps) {
 // DEEPINFER_FUSED_CHAINS=0 runs the composition on the same weights and inputs. V4.1's widths and a small
 // set; three rows take neither path's GEMV (the same tiles on both).
 TEST_F(MoeEngramOps, SharedExpertGemvEqualsComposition) {
-  const std::unique_ptr<Backend> plain = backend_with("DEEPINFER_FUSED_CHAINS", "0");
-  const int64_t n_exp = 4;
-  const int top_k = 2;
-  for (auto [inter, hidden] : {std::pair<int64_t, int64_t>{2304, 5120}, {512, 768}}) {
-    ExpertSet set = random_experts(rng(), *gpu, n_exp, inter, hidden);
-    OwnedWeight gate = gputest::random_bf16_weight(rng(), n_exp, hidden, *gpu, 0.05f, WeightMode::kF32);
-    OwnedWeight bias = gputest::random_f32_weight(rng(), 1, n_exp, *gpu, 0.1f);
-    for (int64_t rows : {1, 2, 3}) {
-      SCOPED_TRACE("inter=" + std::to_string(inter) + " hidden=" + std::to_string(hidden) +
-                   " rows=" + std::to_string(rows));
-      gputest::TensorPair x = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, hidden});
-      const std::vector<float> fused = gpu->to_host_f32(
-          gpu->moe(x.gpu, gate.w, bias.w, top_k, 1.5f, 1.0f, set.experts, set.shared, 7.0f));
-      const std::vector<float> composed = plain->to_host_f32(
-          plain->moe(x.gpu, gate.w, bias.w, top_k, 1.5f, 1.0f, set.experts, set.shared, 7.0f));
-      const Compare same = compare(fused, composed);
-      EXPECT_EQ(same.mismatches, 0) << same.str() << ", " << seed_note();
-      const Compare c = compare(fused, cpu->to_host_f32(cpu->moe(x.cpu, gate.w, bias.w, top_k, 1.5f, 1.0f,
-                                                                 set.experts, set.shared, 7.0f)));
-      // bf16 outputs of fp32 sums over 2304 - 5120 terms, in another order than the CPU's: one-ulp flips (up to
-      // 2^-7 relative) on ~8% of the values reach rel_l2 ~1.2e-3 (an H100 run, seed 957699014, failed 1e-3)
-      EXPECT_LE(c.rel_l2, 2e-3) << c.str() << ", " << seed_note();
+  gputest::with_and_without_gemv_mma([&] {
+    const std::unique_ptr<Backend> plain = backend_with("DEEPINFER_FUSED_CHAINS", "0");
+    const int64_t n_exp = 4;
+    const int top_k = 2;
+    for (auto [inter, hidden] : {std::pair<int64_t, int64_t>{2304, 5120}, {512, 768}}) {
+      ExpertSet set = random_experts(rng(), *gpu, n_exp, inter, hidden);
+      OwnedWeight gate = gputest::random_bf16_weight(rng(), n_exp, hidden, *gpu, 0.05f, WeightMode::kF32);
+      OwnedWeight bias = gputest::random_f32_weight(rng(), 1, n_exp, *gpu, 0.1f);
+      for (int64_t rows : {1, 2, 3}) {
+        SCOPED_TRACE("inter=" + std::to_string(inter) + " hidden=" + std::to_string(hidden) +
+                     " rows=" + std::to_string(rows));
+        gputest::TensorPair x = gputest::random_tensor_pair(rng(), *cpu, *gpu, {rows, hidden});
+        const std::vector<float> fused = gpu->to_host_f32(
+            gpu->moe(x.gpu, gate.w, bias.w, top_k, 1.5f, 1.0f, set.experts, set.shared, 7.0f));
+        const std::vector<float> composed = plain->to_host_f32(
+            plain->moe(x.gpu, gate.w, bias.w, top_k, 1.5f, 1.0f, set.experts, set.shared, 7.0f));
+        const Compare same = compare(fused, composed);
+        EXPECT_EQ(same.mismatches, 0) << same.str() << ", " << seed_note();
+        const Compare c = compare(fused, cpu->to_host_f32(cpu->moe(x.cpu, gate.w, bias.w, top_k, 1.5f, 1.0f,
+                                                                   set.experts, set.shared, 7.0f)));
+        // bf16 outputs of fp32 sums over 2304 - 5120 terms, in another order than the CPU's: one-ulp flips (up to
+        // 2^-7 relative) on ~8% of the values reach rel_l2 ~1.2e-3 (an H100 run, seed 957699014, failed 1e-3)
+        EXPECT_LE(c.rel_l2, 2e-3) << c.str() << ", " << seed_note();
+      }
     }
-  }
+  });
 }
 
 // ---- Engram ---------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/cuda/attn_common.cuh"
+#include "backend/cuda/gemv_mma_switch.h"
 #include "backend/cuda/rope_math.cuh"
 #include "backend/tensor.h"
 
@@ -48,9 +49,10 @@ bool quantized_linear(const float* x, int64_t rows, const Weight& w, float* y, b
 // batch-invariant mode): kFp8Block weights with K % 256 == 0, the activation quantized (codes [rows, K],
 // scales [rows, K / 32], as quantize_activation writes them) and staged whole (rows x K x 4 bytes <= 64 KiB).
 // Applies `rope` to the output. fp8_gemv_fits is false with DEEPINFER_FP8_GEMV=0 (A/B measurements).
-// Up to 8 rows with K % 64 == 0 go to the f16 tensor cores instead (fp8_gemv_mma.cu; DEEPINFER_GEMV_MMA=0: off).
+// With the tensor-core GEMV on (gemv_mma_max_rows() > 0), up to that many rows with K % 64 == 0 go to it instead.
 bool fp8_gemv_fits(int64_t rows, const Weight& w);
 void fp8_gemv(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y, const RopeArgs& rope);
+// The tensor-core GEMV (fp8_gemv_mma.cu), when on for the row count (gemv_mma_switch.h).
 bool fp8_gemv_mma_fits(int64_t rows, const Weight& w);
 void fp8_gemv_mma(const uint8_t* codes, const float* scales, int64_t rows, const Weight& w, float* y,
                   const RopeArgs& rope);

@@ -1,10 +1,12 @@
-// FP8 block linears of up to 8 rows on the f16 tensor cores (mma.sync m16n8k16): the decode step's GEMVs.
+// FP8 block linears of up to 8 rows on the f16 tensor cores (mma.sync m16n8k16): the decode step's GEMVs. Opt-in
+// (gemv_mma_switch.h).
 //
-// Why not fp8_gemv.cu's CUDA-core sums: per weight byte they cost a conversion to f16, one to f32 and an FMA
-// per row, so a second row costs ~23% more time (wq_b 21.5 -> 26.4 us, H100) and weights already in L2 gain
-// only 8%: that kernel is bound by its instructions, not by memory (bench/RESULTS.md). Here a weight byte
-// costs half an F2FP conversion (two codes per instruction); the products and sums run on the tensor cores,
-// for up to 8 rows at the same cost.
+// Against fp8_gemv.cu's CUDA-core sums, which cost a conversion to f16, one to f32 and an FMA per weight byte and
+// row: here a weight byte costs half an F2FP conversion and the sums run on the tensor cores, so 2-8 rows cost
+// about what one does (op_bench on an H100: wq_b 20.7 / 21.2 / 24.8 us at 1 / 2 / 8 rows, main's kernels 21.4 / 26.1 /
+// 26.2; wo_a 16.7 against 23.1 at one row). At one row the FP8 linears are no faster (3x fewer instructions, the
+// same time), and a pure read of wq_b's 42 MB takes 15.5 us per launch (bench/gpu/probe_stream_read.cu): both
+// kernels lose ~5 us to their own structure, not to instructions or DRAM (bench/RESULTS.md, forty-second session).
 //
 // Layout. A warp streams a unit: 16 weight rows x 64 K (one span, two 32-wide scale blocks). Lane (g, q)
 // (g = lane / 4, q = lane % 4) loads bytes [16 q, 16 q + 16) of the span of rows 2g and 2g + 1, one 16-byte
@@ -27,6 +29,7 @@
 // keeps kGroup units' loads in flight and re-fills a unit's registers as soon as it has consumed them; the
 // first group is loaded before the PDL wait (weights are never written: pdl_launch.cuh).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -35,7 +38,6 @@
 #include "backend/cuda/gemm_workspace.cuh"
 #include "backend/cuda/pdl_launch.cuh"
 #include "backend/cuda/rope_math.cuh"
-#include "core/env_switch.h"
 
 namespace di::cuda::dense {
 namespace {
@@ -166,12 +168,17 @@ __device__ __forceinline__ bool stage_floats(const MmaGemvArgs& a, const Work& w
   const int n = (wk.s1 - wk.s0) * kSpan, per_row = n / 8;
   const int64_t col0 = static_cast<int64_t>(wk.row_block * kBlockRows / a.rows_per_group) * a.K + wk.s0 * kSpan;
   bool lo_any = false;
-  for (int i = threadIdx.x; i < a.M * per_row; i += kThreads) {
-    const int m = i / per_row, j = i % per_row;
+  // every lane of a warp runs every round (the amax shuffles take all 32); per_row % 4 == 0, so a block's 4
+  // lanes are on or off together
+  for (int i0 = 0; i0 < a.M * per_row; i0 += kThreads) {
+    const int i = i0 + static_cast<int>(threadIdx.x);
+    const bool on = i < a.M * per_row;
+    const int m = on ? i / per_row : 0, j = on ? i % per_row : 0;
     const float4* src = reinterpret_cast<const float4*>(a.xf + m * a.x_stride + col0 + 8 * j);
-    const float4 p0 = __ldg(src), p1 = __ldg(src + 1);
+    const float4 p0 = on ? __ldg(src) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 p1 = on ? __ldg(src + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
     float v[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-    if (a.x_rope.rope.freqs) {
+    if (on && a.x_rope.rope.freqs) {
       const int64_t pos = a.x_rope.pos[m];
 #pragma unroll
       for (int p = 0; p < 4; ++p) rope_pair(v[2 * p], v[2 * p + 1], col0 + 8 * j + 2 * p, pos, a.x_rope.rope, true);
@@ -194,6 +201,7 @@ __device__ __forceinline__ bool stage_floats(const MmaGemvArgs& a, const Work& w
       lo[p] = *reinterpret_cast<const uint32_t*>(&l);
       lo_any |= (lo[p] & 0x7FFF7FFFu) != 0u;  // -0 counts as zero
     }
+    if (!on) continue;
     *reinterpret_cast<uint4*>(xh + m * stride + 8 * j) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     *reinterpret_cast<uint4*>(xl + m * stride + 8 * j) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     if (j % 4 == 0) xsc[m * 2 * a.part_spans + j / 4] = __uint_as_float(static_cast<uint32_t>(sb) << 23);
@@ -378,13 +386,24 @@ Plan plan_parts(int64_t row_blocks, int spans) {
 
 }  // namespace
 
-bool fp8_gemv_mma_fits(int64_t rows, const Weight& w) {
-  static const bool on = env_switch_on("DEEPINFER_GEMV_MMA");
-  static const int max_rows = [] {
+namespace {
+std::atomic<int> g_max_rows{-1};  // -1: not yet read from the environment
+}  // namespace
+
+int gemv_mma_max_rows() {
+  int n = g_max_rows.load(std::memory_order_relaxed);
+  if (n < 0) {
     const char* v = std::getenv("DEEPINFER_GEMV_MMA_ROWS");
-    return v && *v ? std::clamp(std::atoi(v), 1, kMaxRows) : kMaxRows;
-  }();
-  return on && w.mode == WeightMode::kFp8Block && rows >= 1 && rows <= max_rows && w.cols % kSpan == 0 &&
+    n = v && *v ? std::clamp(std::atoi(v), 0, kMaxRows) : 0;
+    g_max_rows.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+void set_gemv_mma_max_rows(int n) { g_max_rows.store(std::clamp(n, 0, kMaxRows), std::memory_order_relaxed); }
+
+bool fp8_gemv_mma_fits(int64_t rows, const Weight& w) {
+  return w.mode == WeightMode::kFp8Block && rows >= 1 && rows <= gemv_mma_max_rows() && w.cols % kSpan == 0 &&
          w.rows < (1LL << 30) && w.cols < (1LL << 30);
 }
 
