@@ -211,13 +211,11 @@ void launch_gemv_rows(const GemvArgs& a) {
   else launch_gemv<M, 1>(a);
 }
 
-}  // namespace
-
-namespace {
 bool cuda_core_fits(int64_t rows, const Weight& w) {
   return w.mode == WeightMode::kFp8Block && rows >= 1 && rows <= kMaxRows && w.cols % 256 == 0 &&
          rows * w.cols * 4 <= kMaxSmem && w.rows < (1LL << 30);
 }
+
 }  // namespace
 
 bool fp8_gemv_fits(int64_t rows, const Weight& w) {
