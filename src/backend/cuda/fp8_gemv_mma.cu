@@ -36,6 +36,7 @@
 #include "backend/cuda/cuda_quant.cuh"
 #include "backend/cuda/dense_linear.cuh"
 #include "backend/cuda/gemm_workspace.cuh"
+#include "backend/cuda/mma_gemm.cuh"
 #include "backend/cuda/pdl_launch.cuh"
 #include "backend/cuda/rope_math.cuh"
 
@@ -117,20 +118,29 @@ __device__ __forceinline__ Work work_of(const MmaGemvArgs& a) {
   return wk;
 }
 
-struct Group {
+// What a warp starts with: its work and the first group of its units (ring slots). Its row pointers are taken
+// again after the staging rather than kept live through it (8 registers more, one CTA fewer per SM).
+struct Start {
+  Work wk;
   Unit u[kGroup];
 };
 
 // The first group of the warp's units, loaded before the PDL wait.
-__device__ __forceinline__ Group first_group_then_wait(const MmaGemvArgs& a) {
-  const Work wk = work_of(a);
-  const LaneRows lr = lane_rows(a, wk.row_block, wk.half);
-  Group g = {};
+__device__ __forceinline__ Start first_group_then_wait(const MmaGemvArgs& a) {
+  Start st = {};
+  st.wk = work_of(a);
+  const LaneRows lr = lane_rows(a, st.wk.row_block, st.wk.half);
 #pragma unroll
   for (int i = 0; i < kGroup; ++i)
-    if (i < wk.units) g.u[i] = load_unit(lr, wk.s0 + wk.parity + 2 * i);
+    if (i < st.wk.units) st.u[i] = load_unit(lr, st.wk.s0 + st.wk.parity + 2 * i);
   ::di::cuda::grid_dependency_wait();
-  return g;
+  return st;
+}
+
+// Two E4M3 codes (the low 16 bits) as an f16 pair, low code in the low half (exact).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw v = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(v.x) | static_cast<uint32_t>(v.y) << 16;
 }
 
 // The CTA's part of the activation in shared memory: f16 codes (exact) [M][part spans x 64 + pad] and their
@@ -141,15 +151,8 @@ __device__ __forceinline__ void stage_codes(const MmaGemvArgs& a, const Work& wk
   for (int i = threadIdx.x; i < a.M * per_row; i += kThreads) {
     const int m = i / per_row, j = i % per_row;
     const uint2 c = __ldg(reinterpret_cast<const uint2*>(a.xc + static_cast<int64_t>(m) * a.K + wk.s0 * kSpan) + j);
-    const uint32_t u[2] = {c.x, c.y};
-    uint32_t h[4];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const __half2_raw v =
-          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[p / 2] >> (16 * (p % 2))), __NV_E4M3);
-      h[p] = static_cast<uint32_t>(v.x) | static_cast<uint32_t>(v.y) << 16;
-    }
-    *reinterpret_cast<uint4*>(xh + m * stride + 8 * j) = make_uint4(h[0], h[1], h[2], h[3]);
+    *reinterpret_cast<uint4*>(xh + m * stride + 8 * j) =
+        make_uint4(e4m3x2_to_f16x2(c.x), e4m3x2_to_f16x2(c.x >> 16), e4m3x2_to_f16x2(c.y), e4m3x2_to_f16x2(c.y >> 16));
   }
   const int blocks = n / 32;  // the part's; rows of xsc hold 2 part_spans (a last part may be shorter)
   for (int i = threadIdx.x; i < a.M * blocks; i += kThreads) {
@@ -209,20 +212,6 @@ __device__ __forceinline__ bool stage_floats(const MmaGemvArgs& a, const Work& w
   return lo_any;
 }
 
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
-  const __half2_raw v = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xFFFFu), __NV_E4M3);
-  return static_cast<uint32_t>(v.x) | static_cast<uint32_t>(v.y) << 16;
-}
-
-// d += A (16x16 f16, row) x B (16x8 f16, col), fp32 accumulators.
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // One unit (span `rel` of the CTA's part) into acc[nt][row]: lane (g, q)'s sums of rows 2g, 2g + 1 for
 // activation row 4 nt + q.
 // B fragments of tile nt for span `rel`: column g is activation row 4 nt + g / 2 in block g % 2; lane q holds
@@ -257,14 +246,14 @@ __device__ __forceinline__ void unit_mma(const MmaGemvArgs& a, const Unit& u, in
     af[h][0] = e4m3x2_to_f16x2(w0[h]), af[h][1] = e4m3x2_to_f16x2(w1[h]);
     af[h][2] = e4m3x2_to_f16x2(w0[h] >> 16), af[h][3] = e4m3x2_to_f16x2(w1[h] >> 16);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mma_f16(c[nt], af[h], b[nt][2 * h], b[nt][2 * h + 1]);
+    for (int nt = 0; nt < NT; ++nt) mma::mma_f16(c[nt], af[h], b[nt][2 * h], b[nt][2 * h + 1]);
   }
   if (xl) {  // CTA-uniform
     load_b<NT>(a, xl, rel, stride, b);
 #pragma unroll
     for (int h = 0; h < 4; ++h)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mma_f16(c[nt], af[h], b[nt][2 * h], b[nt][2 * h + 1]);
+      for (int nt = 0; nt < NT; ++nt) mma::mma_f16(c[nt], af[h], b[nt][2 * h], b[nt][2 * h + 1]);
   }
   const float sw0 = e8m0_to_float(static_cast<uint8_t>(u.sc)), sw1 = e8m0_to_float(static_cast<uint8_t>(u.sc >> 8));
 #pragma unroll
@@ -302,9 +291,9 @@ __device__ __forceinline__ void quantize_block(const MmaGemvArgs& a, int row_blo
 // kFloatX: float activations (stage_floats), else FP8 codes (stage_codes).
 template <int NT, bool kFloatX>
 __global__ void __launch_bounds__(kThreads) fp8_gemv_mma_kernel(MmaGemvArgs a) {
-  Group grp = first_group_then_wait(a);
-  Unit(&u)[kGroup] = grp.u;
-  const Work wk = work_of(a);
+  Start st = first_group_then_wait(a);
+  const Work& wk = st.wk;
+  Unit(&u)[kGroup] = st.u;
   extern __shared__ __align__(16) unsigned char smem[];
   const int stride = a.part_spans * kSpan + kPadHalves;  // halves per staged row (a multiple of 8)
   const int halves = a.M * stride;
